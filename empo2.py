@@ -255,6 +255,11 @@ def store_tips(memory, embedder, trajs: list[Trajectory]) -> int:
                for tr, k in zip(trajs, keys))
 
 
+def episode_returns(trajs: list[Trajectory]) -> torch.Tensor:
+    """EMPO2.md step 5: R = sum_t (r_ext,t + r_int,t), one value per trajectory. (N,)"""
+    return torch.tensor([tr.ext_return + tr.int_return for tr in trajs], dtype=torch.float32)
+
+
 # ----------------------------------------------------------------------------------------
 def grpo_advantages(returns, group_ids) -> torch.Tensor:
     """EMPO2.md step 5: A_i = (R_i - mean(R_group)) / (std(R_group) + 1e-6), unbiased std.
@@ -333,7 +338,7 @@ def update_policy(policy, optimizer, trajs: list[Trajectory], advantages: torch.
             old_logp = logp.detach()  # one optimiser step per iteration: pi_old is pi_theta before this step
         loss, st = policy_loss(logp[None], old_logp[None], adv.reshape(1), torch.ones_like(logp, dtype=torch.bool)[None],
                                cfg.clip_low, cfg.clip_high, cfg.dual_clip, cfg.min_logp)
-        if not torch.isfinite(loss):
+        if not torch.isfinite(loss) or torch.isnan(logp).any():  # the log-delta mask would hide NaN tokens
             finite = False
             break
         if st["kept_tokens"]:

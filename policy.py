@@ -92,7 +92,12 @@ def load_model(model: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "a
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
-        where = "is a local folder" if Path(str(path)).is_dir() else "is not a local folder, so it must come from the Hugging Face hub"
+        if Path(str(path)).is_dir():
+            where = "a local folder"
+        elif str(path).startswith((".", "/", "~")):
+            where = "no such local folder"
+        else:
+            where = "not a local folder, so it must come from the Hugging Face hub"
         raise RuntimeError(
             f"could not load model {model!r} ({where}): {e}\n"
             f"Without hub access, pass a local folder with config.json and weights, or drop --model "

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import envs
-from empo2 import (Config, evaluate_policy, grpo_advantages, reflect, rollout, sample_modes, store_tips,
+from empo2 import (Config, episode_returns, evaluate_policy, grpo_advantages, reflect, rollout, sample_modes, store_tips,
                    update_policy)
 from memory import Embedder, NoveltyCounter, TipMemory, write_atomically
 
@@ -37,8 +37,9 @@ def parse_args(argv=None) -> Config:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=f.metadata.get("help"))
+        if f.type in ("bool", bool):  # --demo / --no-demo for flags that default to on
+            action = argparse.BooleanOptionalAction if f.default else "store_true"
+            parser.add_argument(flag, action=action, default=f.default, help=f.metadata.get("help"))
         else:
             kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
             parser.add_argument(flag, type=kind, default=f.default, help=f"{f.metadata.get('help')} (default: {f.default})")
@@ -245,7 +246,7 @@ def main(argv=None) -> int:
                 reflect(policy, trajs, cfg)
                 stored = store_tips(memory, embedder, trajs)
             # step 4-5: return = extrinsic + intrinsic, GRPO advantage per group
-            returns = torch.tensor([tr.ext_return + tr.int_return for tr in trajs])
+            returns = episode_returns(trajs)
             advantages = grpo_advantages(returns, groups)
             # step 6-9: the hybrid update
             stats = update_policy(policy, optimizer, trajs, advantages, cfg)

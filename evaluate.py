@@ -1,0 +1,439 @@
+"""Evaluate EMPO² runs: the paper's main metric, its adaptation test, and runs side by side.
+
+    python evaluate.py --run runs/rooms-empo2-s0                  # test split, no memory, T=0.4
+                                                                  #   -> runs/rooms-empo2-s0/eval_test_off.json
+    python evaluate.py --run runs/rooms-empo2-s0 --split ood --episodes 30
+    python evaluate.py --env rooms                                # the untrained model (base + fresh, zero LoRA)
+                                                                  #   -> runs/untrained-rooms/eval_test_off.json
+    python evaluate.py --run runs/rooms-empo2-s0 --split ood --memory on --trials 10
+                                                                  # adaptation: tips on, NO weight update
+    python evaluate.py --env rooms --split ood --memory on --trials 10   # memory-only baseline (Reflexion-style)
+    python evaluate.py --compare runs/rooms-empo2-s0 runs/rooms-empo2-s1 runs/rooms-grpo-s0 runs/untrained-rooms
+                                                                  # -> compare.md (table) and compare.png (curves)
+
+Main metric (EMPO2.md, "Evaluation"): the policy WITHOUT memory at temperature 0.4 on the first
+--episodes tasks of a split (a fixed order), one episode per task and trial; score = 100 x mean
+episode return, success rate (%) = episodes won, mean steps, each with a 95 % CI, per task and over
+all episodes. --trials K > 1 with --memory off repeats the episodes independently (a control for
+the adaptation curve).
+
+Adaptation (--memory on): K consecutive trials per task; every step retrieves the task's tips
+(rollout mode "memory"), and after each trial the policy writes a tip (empo2.reflect) that is stored
+(empo2.store_tips) for the next trial. No optimiser exists here, so the weights cannot change; the
+output records a checksum of the LoRA weights before and after. Tips are sampled at the evaluation
+temperature too. The memory is saved next to the eval file (..._memory.json).
+
+When --run is given, every setting (env, model, dtype, max steps, tokens per action, ...) defaults
+to the run's config.json; the flags override it.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import envs
+from empo2 import Config, evaluate_policy, mean_ci95, reflect, rollout, store_tips
+from memory import Embedder, TipMemory, write_atomically
+from train import env_kwargs
+
+SPLITS = ("test", "ood")
+POLICY_CACHE: dict = {}     # one (key -> Policy) entry: in-process callers (tests, notebooks) load a model once
+EMBEDDER_CACHE: dict = {}
+SEED_ONLY_FIELDS = ("seed", "name", "out", "resume")  # runs that differ only in these are seeds of one experiment
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", default=None, help="a run folder written by train.py (omit, or 'none': the untrained model)")
+    p.add_argument("--env", choices=envs.ENV_NAMES, default=None, help="environment (default: the run's)")
+    p.add_argument("--split", choices=SPLITS, default="test", help="test: unseen instances; ood: unseen kinds of task")
+    p.add_argument("--memory", choices=("off", "on"), default="off", help="on: the adaptation test (tips, no weight update)")
+    p.add_argument("--trials", type=int, default=None, help="trials per task (default: 1 with --memory off, 3 with on)")
+    p.add_argument("--episodes", type=int, default=8, help="the first N tasks of the split (default: 8)")
+    p.add_argument("--out", default=None, help="eval: the JSON file (default RUN/eval_SPLIT_MEMORY.json); "
+                                               "--compare: the markdown file (default compare.md; the PNG goes next to it)")
+    p.add_argument("--compare", nargs="+", metavar="RUN", default=None, help="put these run folders side by side")
+    p.add_argument("--metric", default="reward_ext", help="--compare: metrics.jsonl key of the learning curves")
+    p.add_argument("--model", default=None, help="base model (default: the run's, else 'default')")
+    p.add_argument("--dtype", default=None, help="auto, float32 or bfloat16 (default: the run's)")
+    p.add_argument("--device", default=None, help="auto, cpu or cuda (default: the run's)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: the run's)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: Config.eval_temperature, 0.4)")
+    p.add_argument("--max-steps", type=int, default=None, help="episode step limit; 0 = the env's (default: the run's)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per action (default: the run's)")
+    p.add_argument("--tip-max-new-tokens", type=int, default=None, help="tokens per tip (default: the run's)")
+    p.add_argument("--task-names", default=None, help="scienceworld: comma-separated task names (default: the run's)")
+    p.add_argument("--batch-size", type=int, default=8, help="episodes played in lockstep (one env each)")
+    args = p.parse_args(argv)
+    if args.compare is not None:
+        if args.run is not None:
+            p.error("--compare takes run folders itself; drop --run")
+        return p, args
+    for name in ("episodes", "batch_size", "max_new_tokens", "tip_max_new_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.trials is None:
+        args.trials = 3 if args.memory == "on" else 1
+    if args.trials < 1 or (args.max_steps is not None and args.max_steps < 0):
+        p.error("--trials must be at least 1 and --max-steps at least 0")
+    if args.temperature is not None and args.temperature < 0:
+        p.error("--temperature must be >= 0")
+    if args.run is not None and args.run.lower() == "none":
+        args.run = None
+    if args.run is None and args.env is None:
+        p.error(f"--env is required without --run; valid environments: {', '.join(envs.ENV_NAMES)}")
+    return p, args
+
+
+def check_run(parser, run: Path) -> dict:
+    """The run's config.json as a dict; a clear error naming whatever is missing."""
+    if not run.is_dir():
+        parser.error(f"--run {run}: no such folder")
+    missing = [what for what, path in (("config.json", run / "config.json"),
+                                       ("adapter/adapter_config.json (the LoRA train.py saves after each iteration)",
+                                        run / "adapter" / "adapter_config.json")) if not path.exists()]
+    if missing:
+        parser.error(f"--run {run} is not a finished training run: missing {' and '.join(missing)}. "
+                     f"To evaluate the untrained model use --run none --env ENV")
+    try:
+        return json.loads((run / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        parser.error(f"--run {run}: config.json is corrupt ({e})")
+
+
+def build_config(parser, args) -> tuple[Config, Path | None]:
+    """Config = the run's config.json (or the defaults), overridden by the flags that were given."""
+    run = Path(args.run) if args.run else None
+    saved = check_run(parser, run) if run else {}
+    cfg = Config(**{k: v for k, v in saved.items() if k in Config.field_names()})
+    overrides = {"env": args.env, "model": args.model, "dtype": args.dtype, "device": args.device, "seed": args.seed,
+                 "eval_temperature": args.temperature, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
+                 "tip_max_new_tokens": args.tip_max_new_tokens, "task_names": args.task_names}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None}, resume=False)
+    # tips are written at the evaluation temperature as well (reflect samples at cfg.temperature)
+    return dataclasses.replace(cfg, temperature=cfg.eval_temperature), run
+
+
+# ----------------------------------------------------------------------------------------
+def get_policy(cfg: Config, adapter: Path | None):
+    """load_policy, cached for one (model, adapter) so repeated in-process calls load it once."""
+    from policy import load_policy
+    stamp = (adapter / "adapter_model.safetensors").stat().st_mtime_ns if adapter and \
+        (adapter / "adapter_model.safetensors").exists() else None
+    key = (cfg.model, cfg.dtype, cfg.device, cfg.lora_r, cfg.lora_alpha, str(adapter.resolve()) if adapter else None, stamp)
+    if key not in POLICY_CACHE:
+        POLICY_CACHE.clear()  # one model in memory at a time
+        torch.manual_seed(cfg.seed)  # a fresh LoRA's random A (B = 0, so it is the base model either way)
+        POLICY_CACHE[key] = load_policy(cfg.model, cfg.dtype, cfg.device, cfg.lora_r, cfg.lora_alpha,
+                                        adapter=str(adapter) if adapter else None)
+    return POLICY_CACHE[key]
+
+
+def get_embedder(device: str) -> Embedder:
+    if device not in EMBEDDER_CACHE:
+        EMBEDDER_CACHE[device] = Embedder(device=device)
+    return EMBEDDER_CACHE[device]
+
+
+def weights_checksum(params) -> str:
+    """sha256 over the raw bytes of the given tensors (exact: any change of any weight shows)."""
+    h = hashlib.sha256()
+    for prm in params:
+        h.update(prm.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def stats(episodes: list[dict]) -> dict:
+    """Score (100 x mean return), success rate (%) and mean steps, each with its 95 % CI half-width."""
+    score, score_ci = mean_ci95([100 * e["reward"] for e in episodes])
+    success, success_ci = mean_ci95([100 * e["won"] for e in episodes])
+    steps, steps_ci = mean_ci95([e["steps"] for e in episodes])
+    return {"score": score, "score_ci95": score_ci, "success_rate": success, "success_ci95": success_ci,
+            "mean_steps": steps, "steps_ci95": steps_ci, "n_episodes": len(episodes)}
+
+
+def no_nan(obj):
+    """NaN (a CI from one episode) -> null, so the file is strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: no_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [no_nan(v) for v in obj]
+    return obj
+
+
+def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, embedder=None, memory=None) -> list[dict]:
+    """All episodes of all trials, one record each. Memory on: tips retrieved during, written after each trial."""
+    records = []
+    for trial in range(1, trials + 1):
+        if not memory_on:  # the main metric: empo2.evaluate_policy (plain rollouts at eval temperature)
+            result = evaluate_policy(policy, pool, tasks, cfg, desc=f"eval trial {trial}")
+            records += [{**e, "trial": trial} for e in result["episodes"]]
+        else:
+            for start in range(0, len(tasks), len(pool)):
+                chunk = tasks[start:start + len(pool)]
+                trajs = rollout(policy, pool, chunk, [("memory", "none")] * len(chunk), cfg, memory=memory,
+                                embedder=embedder, temperature=cfg.eval_temperature, desc=f"adapt trial {trial}")
+                reflect(policy, trajs, cfg)         # EMPO2.md step 3: the policy writes itself a tip ...
+                store_tips(memory, embedder, trajs)  # ... kept for the next trial; no weight update
+                records += [{"task_id": tr.task.task_id, "reward": tr.ext_return, "won": tr.won, "steps": len(tr.rewards),
+                             "trial": trial, "tips_seen": tr.has_tips, "tip": tr.tip} for tr in trajs]
+        now = stats([r for r in records if r["trial"] == trial])
+        print(f"trial {trial}/{trials}: score {now['score']:.1f} ± {now['score_ci95']:.1f}, success "
+              f"{now['success_rate']:.1f} %, steps {now['mean_steps']:.1f}" + (f", memory {len(memory)}" if memory_on else ""),
+              flush=True)
+    return records
+
+
+def evaluate(parser, args) -> int:
+    cfg, run = build_config(parser, args)
+    memory_on = args.memory == "on"
+    make_kwargs, task_kwargs = env_kwargs(cfg)
+    all_tasks = envs.tasks(cfg.env, args.split, **task_kwargs)
+    tasks = all_tasks[:args.episodes]
+    if len(tasks) < args.episodes:
+        print(f"note: the {args.split} split of {cfg.env} has {len(all_tasks)} tasks; evaluating all of them")
+    if run is not None:
+        out = Path(args.out) if args.out else run / f"eval_{args.split}_{args.memory}.json"
+    else:
+        slug = "" if cfg.model == "default" else "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.model.strip("/"))[-40:]
+        out = Path(args.out) if args.out else Path(cfg.out) / f"untrained-{cfg.env}{slug}" / f"eval_{args.split}_{args.memory}.json"
+    t0 = time.time()
+    adapter = run / "adapter" if run else None
+    policy = get_policy(cfg, adapter)
+    embedder = get_embedder(str(policy.device)) if memory_on else None
+    memory = TipMemory(cfg.memory_threshold, cfg.memory_top_k, cfg.memory_capacity) if memory_on else None
+    pool = [envs.make(cfg.env, split=args.split, seed=cfg.seed + i, **make_kwargs)
+            for i in range(min(args.batch_size, len(tasks)))]
+    before = weights_checksum(policy.lora_parameters())
+    torch.manual_seed(cfg.seed)
+    try:
+        records = play_trials(policy, pool, tasks, cfg, args.trials, memory_on, embedder, memory)
+    finally:
+        for env in pool:
+            env.close()
+
+    result = {"mode": "adaptation" if memory_on else "eval", "run": str(run) if run else None,
+              "adapter": str(adapter) if adapter else None,
+              "settings": {"env": cfg.env, "split": args.split, "memory": args.memory, "trials": args.trials,
+                           "episodes": len(tasks), "temperature": cfg.eval_temperature, "max_steps": pool[0].max_steps,
+                           "max_new_tokens": cfg.max_new_tokens, "tip_max_new_tokens": cfg.tip_max_new_tokens,
+                           "model": cfg.model, "dtype": cfg.dtype, "device": cfg.device, "seed": cfg.seed,
+                           "demo": cfg.demo, "task_names": cfg.task_names, "memory_threshold": cfg.memory_threshold,
+                           "memory_top_k": cfg.memory_top_k},
+              **stats(records)}
+    result["trials"] = []
+    for k in range(1, args.trials + 1):
+        rows = [r for r in records if r["trial"] == k]
+        result["trials"].append({"trial": k, **stats(rows), "episodes_with_tips": sum(r.get("tips_seen", False) for r in rows)})
+    first, last = result["trials"][0]["score"], result["trials"][-1]["score"]
+    result["gain_pct"] = 100 * (last - first) / first if args.trials > 1 and first > 0 else None
+    result["per_task"] = []
+    for task in tasks:
+        rows = [r for r in records if r["task_id"] == task.task_id]
+        entry = {"task_id": task.task_id, "instruction": task.instruction, **stats(rows),
+                 "trial_scores": [100 * r["reward"] for r in rows]}
+        if memory_on:
+            entry["tips"] = [r["tip"] for r in rows]
+        result["per_task"].append(entry)
+    result["episodes"] = records
+    if memory_on:
+        mem_path = out.with_name(out.stem + "_memory.json")
+        memory.save(mem_path)
+        after = weights_checksum(policy.lora_parameters())
+        result.update(memory_file=str(mem_path), memory_size=len(memory), weights_checksum_before=before,
+                      weights_checksum_after=after, weights_unchanged=before == after)
+    result["time_s"] = time.time() - t0
+    write_atomically(out, json.dumps(no_nan(result), indent=1, allow_nan=False))
+    what = f"{'adaptation, ' + str(args.trials) + ' trials' if memory_on else 'no memory'}, T={cfg.eval_temperature}"
+    print(f"{run or 'untrained ' + cfg.model} on {cfg.env}/{args.split} ({what}, {len(tasks)} tasks): score "
+          f"{result['score']:.1f} ± {result['score_ci95']:.1f}, success {result['success_rate']:.1f} % "
+          f"± {result['success_ci95']:.1f}, steps {result['mean_steps']:.1f}")
+    if result["gain_pct"] is not None:
+        print(f"trial 1 -> {args.trials}: {first:.1f} -> {last:.1f} ({result['gain_pct']:+.0f} %)")
+    print(f"wrote {out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+def read_run(parser, path: Path) -> dict:
+    """Everything --compare needs from one run folder (or an untrained-ENV folder of eval files)."""
+    if not path.is_dir():
+        parser.error(f"--compare {path}: no such folder")
+    evals = {}
+    for f in sorted(path.glob("eval*.json")):
+        if f.name.endswith("_memory.json"):
+            continue
+        try:
+            evals[f.name] = json.loads(f.read_text())
+        except json.JSONDecodeError as e:
+            parser.error(f"--compare {path}: {f.name} is corrupt ({e})")
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else None
+    if config is None and not evals:
+        parser.error(f"--compare {path}: missing config.json (not a train.py run) and no eval*.json files")
+    rows = []
+    if (path / "metrics.jsonl").exists():
+        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    # the main metric: train.py's eval.json "trained", else evaluate.py's test split without memory
+    source, main = None, None
+    offs = [n for n in evals if n.endswith("_off.json") and "trials" in evals[n]]
+    if "trained" in evals.get("eval.json", {}):
+        source, main = "eval.json (trained)", evals["eval.json"]["trained"]
+    elif offs:
+        name = "eval_test_off.json" if "eval_test_off.json" in offs else offs[0]
+        source, main = name, evals[name]
+    adaptation = [e for e in evals.values() if e.get("mode") == "adaptation"]
+    any_eval = next((e for e in evals.values() if "settings" in e), {})
+    settings = any_eval.get("settings", {})
+    return {"path": path, "name": (config or {}).get("name") or path.name, "config": config, "metrics": rows,
+            "source": source, "main": main, "adaptation": adaptation,
+            "env": (config or settings).get("env", "?"), "algo": config["algo"] if config else "untrained",
+            "seed": (config or settings).get("seed", "?")}
+
+
+def group_runs(runs: list[dict]) -> list[list[dict]]:
+    """Runs whose configs differ only in seed/name/out/resume form one group (in first-seen order)."""
+    groups: dict = {}
+    for r in runs:
+        key = (json.dumps({k: v for k, v in r["config"].items() if k not in SEED_ONLY_FIELDS}, sort_keys=True)
+               if r["config"] else f"folder:{r['path']}")
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+def group_label(group: list[dict]) -> str:
+    base = re.sub(r"-s\d+$", "", group[0]["name"])
+    return f"{base} ({len(group)} seeds)" if len(group) > 1 else group[0]["name"]
+
+
+def fmt_ci(mean, ci, digits=1) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    half = "n/a" if ci is None or (isinstance(ci, float) and math.isnan(ci)) else f"{ci:.{digits}f}"
+    return f"{mean:.{digits}f} ± {half}"
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
+    lines = ["| run | env | algo | seed | score ± 95 % CI | success % ± 95 % CI | eval (episodes) | iterations | wall time | tokens generated |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        m, rows = r["main"] or {}, r["metrics"]
+        wall = sum(x.get("time/iteration_s", 0.0) for x in rows)
+        tokens = sum(x.get("tokens_generated", 0) for x in rows)
+        ev = f"{r['source']} ({len(m.get('episodes', []))})" if r["source"] else "–"
+        lines.append(f"| {r['name']} | {r['env']} | {r['algo']} | {r['seed']} | {fmt_ci(m.get('score'), m.get('score_ci95'))} "
+                     f"| {fmt_ci(m.get('success_rate'), m.get('success_ci95'))} | {ev} | {len(rows)} "
+                     f"| {fmt_time(wall) if rows else '–'} | {f'{tokens:,}' if rows else '–'} |")
+    multi = [g for g in groups if len(g) > 1]
+    if multi:
+        lines += ["", "Mean over seeds (95 % CI across seeds):", "",
+                  "| group | seeds | score | success % |", "|---|---|---|---|"]
+        for g in multi:
+            scored = [r["main"] for r in g if r["main"]]
+            lines.append(f"| {group_label(g)} | {', '.join(str(r['seed']) for r in g)} "
+                         f"| {fmt_ci(*mean_ci95([m['score'] for m in scored])) if scored else '–'} "
+                         f"| {fmt_ci(*mean_ci95([m['success_rate'] for m in scored])) if scored else '–'} |")
+    adapt = [(r, a) for r in runs for a in r["adaptation"]]
+    if adapt:
+        lines += ["", "Adaptation (memory on, no weight update):", "",
+                  "| run | split | trials | trial 1 score | last trial score | gain |", "|---|---|---|---|---|---|"]
+        for r, a in adapt:
+            t = a["trials"]
+            gain = f"{a['gain_pct']:+.0f} %" if a.get("gain_pct") is not None else "–"
+            lines.append(f"| {r['name']} | {a['settings']['split']} | {len(t)} | {fmt_ci(t[0]['score'], t[0]['score_ci95'])} "
+                         f"| {fmt_ci(t[-1]['score'], t[-1]['score_ci95'])} | {gain} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with_adapt = [g for g in groups if any(r["adaptation"] for r in g)]
+    fig, axes = plt.subplots(1, 2 if with_adapt else 1, figsize=(12 if with_adapt else 6.5, 4), squeeze=False)
+    ax = axes[0][0]
+    for k, g in enumerate(groups):
+        curves = [{x["iteration"]: x[metric] for x in r["metrics"] if metric in x} for r in g]
+        its = sorted(set().union(*curves))
+        if not its:
+            continue
+        vals = [[c[i] for c in curves if i in c] for i in its]
+        mean = [float(np.mean(v)) for v in vals]
+        ax.plot(its, mean, marker="o", ms=3, color=f"C{k}", label=group_label(g))
+        if len(g) > 1:  # shaded: min-max over seeds
+            ax.fill_between(its, [min(v) for v in vals], [max(v) for v in vals], color=f"C{k}", alpha=0.2)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(f"{metric} (training rollouts)")
+    ax.set_title("learning curves (mean over seeds, min–max shaded)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no metrics.jsonl", ha="center", va="center", transform=ax.transAxes)
+    if with_adapt:
+        ax = axes[0][1]
+        for k, g in enumerate(groups):
+            for split in sorted({a["settings"]["split"] for r in g for a in r["adaptation"]}):
+                runs = [[t["score"] for t in a["trials"]] for r in g for a in r["adaptation"] if a["settings"]["split"] == split]
+                n = min(len(s) for s in runs)
+                x = np.arange(1, n + 1)
+                arr = np.array([s[:n] for s in runs])
+                label = f"{group_label(g)} [{split}]"
+                if len(runs) > 1:
+                    ax.plot(x, arr.mean(0), marker="o", color=f"C{k}", label=label)
+                    ax.fill_between(x, arr.min(0), arr.max(0), color=f"C{k}", alpha=0.2)
+                else:
+                    a = next(a for r in g for a in r["adaptation"] if a["settings"]["split"] == split)
+                    ci = [t["score_ci95"] if t["score_ci95"] is not None else 0.0 for t in a["trials"][:n]]
+                    ax.errorbar(x, arr[0], yerr=ci, marker="o", capsize=3, color=f"C{k}", label=label)
+        ax.set_xlabel("trial")
+        ax.set_ylabel("score (100 × mean return)")
+        ax.set_title("adaptation: memory on, no weight update")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    tmp = png.with_name(png.name + ".tmp")
+    fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    os.replace(tmp, png)
+
+
+def compare(parser, args) -> int:
+    runs = [read_run(parser, Path(p)) for p in args.compare]
+    groups = group_runs(runs)
+    out = Path(args.out or "compare.md")
+    png = out.with_suffix(".png")
+    table = compare_table(runs, groups)
+    plot_compare(groups, args.metric, png)
+    write_atomically(out, f"# Runs compared\n\n{table}\n![learning curves]({png.name})\n")
+    print(table)
+    print(f"wrote {out} and {png}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser, args = parse_args(argv)
+    return compare(parser, args) if args.compare is not None else evaluate(parser, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

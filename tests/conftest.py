@@ -1,0 +1,46 @@
+"""Shared fixtures: a tiny randomly initialised Llama (with the real SmolLM2 tokenizer and chat
+template) for the maths and plumbing tests, and the real default model where behaviour matters."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from policy import default_model_dir
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture()
+def tiny_policy(tiny_model_dir):
+    from policy import load_policy
+    torch.manual_seed(0)
+    return load_policy(tiny_model_dir, dtype="float32", device="cpu", lora_r=4, lora_alpha=8)
+
+
+@pytest.fixture(scope="session")
+def real_policy():
+    from policy import load_policy
+    return load_policy(dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    from memory import Embedder
+    return Embedder()

