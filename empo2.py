@@ -379,6 +379,24 @@ def mean_ci95(values) -> tuple[float, float]:
     return float(x.mean()), float(half)
 
 
+def json_safe(obj):
+    """NaN or inf (e.g. the CI of one episode) -> None, so files stay strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def eval_subset(tasks: list, n: int) -> list:
+    """n tasks spread evenly over a split, the same for every seed and run (splits are often sorted by kind)."""
+    if n >= len(tasks):
+        return list(tasks)
+    return [tasks[int(k)] for k in np.linspace(0, len(tasks) - 1, n).round().astype(int)]
+
+
 def evaluate_policy(policy, env_pool, tasks, cfg: Config, desc: str = "eval") -> dict:
     """The paper's main metric: the policy WITHOUT memory, temperature 0.4, one episode per task."""
     results = []

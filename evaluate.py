@@ -11,8 +11,9 @@
     python evaluate.py --compare runs/rooms-empo2-s0 runs/rooms-empo2-s1 runs/rooms-grpo-s0 runs/untrained-rooms
                                                                   # -> compare.md (table) and compare.png (curves)
 
-Main metric (EMPO2.md, "Evaluation"): the policy WITHOUT memory at temperature 0.4 on the first
---episodes tasks of a split (a fixed order), one episode per task and trial; score = 100 x mean
+Main metric (EMPO2.md, "Evaluation"): the policy WITHOUT memory at temperature 0.4 on --episodes
+tasks spread evenly over a split (the same tasks train.py evaluates, for every seed), one episode
+per task and trial; score = 100 x mean
 episode return, success rate (%) = episodes won, mean steps, each with a 95 % CI, per task and over
 all episodes. --trials K > 1 with --memory off repeats the episodes independently (a control for
 the adaptation curve).
@@ -43,7 +44,7 @@ import numpy as np
 import torch
 
 import envs
-from empo2 import Config, evaluate_policy, mean_ci95, reflect, rollout, store_tips
+from empo2 import Config, eval_subset, evaluate_policy, json_safe, mean_ci95, reflect, rollout, store_tips
 from memory import Embedder, TipMemory, write_atomically
 from train import env_kwargs
 
@@ -60,7 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--split", choices=SPLITS, default="test", help="test: unseen instances; ood: unseen kinds of task")
     p.add_argument("--memory", choices=("off", "on"), default="off", help="on: the adaptation test (tips, no weight update)")
     p.add_argument("--trials", type=int, default=None, help="trials per task (default: 1 with --memory off, 3 with on)")
-    p.add_argument("--episodes", type=int, default=8, help="the first N tasks of the split (default: 8)")
+    p.add_argument("--episodes", type=int, default=8, help="N tasks spread evenly over the split, the same as train.py evaluates (default: 8)")
     p.add_argument("--out", default=None, help="eval: the JSON file (default RUN/eval_SPLIT_MEMORY.json); "
                                                "--compare: the markdown file (default compare.md; the PNG goes next to it)")
     p.add_argument("--compare", nargs="+", metavar="RUN", default=None, help="put these run folders side by side")
@@ -163,17 +164,6 @@ def stats(episodes: list[dict]) -> dict:
             "mean_steps": steps, "steps_ci95": steps_ci, "n_episodes": len(episodes)}
 
 
-def no_nan(obj):
-    """NaN (a CI from one episode) -> null, so the file is strict JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: no_nan(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [no_nan(v) for v in obj]
-    return obj
-
-
 def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, embedder=None, memory=None) -> list[dict]:
     """All episodes of all trials, one record each. Memory on: tips retrieved during, written after each trial."""
     records = []
@@ -202,7 +192,7 @@ def evaluate(parser, args) -> int:
     memory_on = args.memory == "on"
     make_kwargs, task_kwargs = env_kwargs(cfg)
     all_tasks = envs.tasks(cfg.env, args.split, **task_kwargs)
-    tasks = all_tasks[:args.episodes]
+    tasks = eval_subset(all_tasks, args.episodes)
     if len(tasks) < args.episodes:
         print(f"note: the {args.split} split of {cfg.env} has {len(all_tasks)} tasks; evaluating all of them")
     if run is not None:
@@ -230,7 +220,8 @@ def evaluate(parser, args) -> int:
               "settings": {"env": cfg.env, "split": args.split, "memory": args.memory, "trials": args.trials,
                            "episodes": len(tasks), "temperature": cfg.eval_temperature, "max_steps": pool[0].max_steps,
                            "max_new_tokens": cfg.max_new_tokens, "tip_max_new_tokens": cfg.tip_max_new_tokens,
-                           "model": cfg.model, "dtype": cfg.dtype, "device": cfg.device, "seed": cfg.seed,
+                           "model": cfg.model, "dtype": str(next(policy.model.parameters()).dtype).removeprefix("torch."),
+                           "device": str(policy.device), "seed": cfg.seed,
                            "demo": cfg.demo, "task_names": cfg.task_names, "memory_threshold": cfg.memory_threshold,
                            "memory_top_k": cfg.memory_top_k},
               **stats(records)}
@@ -256,7 +247,7 @@ def evaluate(parser, args) -> int:
         result.update(memory_file=str(mem_path), memory_size=len(memory), weights_checksum_before=before,
                       weights_checksum_after=after, weights_unchanged=before == after)
     result["time_s"] = time.time() - t0
-    write_atomically(out, json.dumps(no_nan(result), indent=1, allow_nan=False))
+    write_atomically(out, json.dumps(json_safe(result), indent=1, allow_nan=False))
     what = f"{'adaptation, ' + str(args.trials) + ' trials' if memory_on else 'no memory'}, T={cfg.eval_temperature}"
     print(f"{run or 'untrained ' + cfg.model} on {cfg.env}/{args.split} ({what}, {len(tasks)} tasks): score "
           f"{result['score']:.1f} ± {result['score_ci95']:.1f}, success {result['success_rate']:.1f} % "
@@ -315,7 +306,10 @@ def group_runs(runs: list[dict]) -> list[list[dict]]:
 
 def group_label(group: list[dict]) -> str:
     base = re.sub(r"-s\d+$", "", group[0]["name"])
-    return f"{base} ({len(group)} seeds)" if len(group) > 1 else group[0]["name"]
+    if len(group) == 1:
+        return group[0]["name"]
+    distinct = len({str(r["seed"]) for r in group}) == len(group)
+    return f"{base} ({len(group)} {'seeds' if distinct else 'runs'})"
 
 
 def fmt_ci(mean, ci, digits=1) -> str:
@@ -367,6 +361,7 @@ def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     with_adapt = [g for g in groups if any(r["adaptation"] for r in g)]
     fig, axes = plt.subplots(1, 2 if with_adapt else 1, figsize=(12 if with_adapt else 6.5, 4), squeeze=False)
     ax = axes[0][0]
@@ -381,7 +376,8 @@ def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:
         if len(g) > 1:  # shaded: min-max over seeds
             ax.fill_between(its, [min(v) for v in vals], [max(v) for v in vals], color=f"C{k}", alpha=0.2)
     ax.set_xlabel("iteration")
-    ax.set_ylabel(f"{metric} (training rollouts)")
+    names = {"reward_ext": "mean extrinsic return", "reward": "mean return (ext + int)", "success_rate": "success rate"}
+    ax.set_ylabel(f"{names.get(metric, metric)} (training rollouts)")
     ax.set_title("learning curves (mean over seeds, min–max shaded)")
     ax.grid(alpha=0.3)
     if ax.lines:
@@ -405,6 +401,7 @@ def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:
                     ci = [t["score_ci95"] if t["score_ci95"] is not None else 0.0 for t in a["trials"][:n]]
                     ax.errorbar(x, arr[0], yerr=ci, marker="o", capsize=3, color=f"C{k}", label=label)
         ax.set_xlabel("trial")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_ylabel("score (100 × mean return)")
         ax.set_title("adaptation: memory on, no weight update")
         ax.grid(alpha=0.3)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import envs
-from empo2 import (Config, episode_returns, evaluate_policy, grpo_advantages, reflect, rollout, sample_modes, store_tips,
+from empo2 import (Config, episode_returns, eval_subset, evaluate_policy, grpo_advantages, json_safe, reflect, rollout, sample_modes, store_tips,
                    update_policy)
 from memory import Embedder, NoveltyCounter, TipMemory, write_atomically
 
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     make_kwargs, task_kwargs = env_kwargs(cfg)
     train_tasks = envs.tasks(cfg.env, "train", **task_kwargs)
     test_tasks = envs.tasks(cfg.env, "test", **task_kwargs)
-    eval_tasks = [test_tasks[i] for i in np.random.default_rng(cfg.seed + 1).permutation(len(test_tasks))[:cfg.eval_episodes]]
+    eval_tasks = eval_subset(test_tasks, cfg.eval_episodes)
     n_episodes = cfg.tasks_per_iter * cfg.group_size
     pool = [envs.make(cfg.env, split="train", seed=cfg.seed + i, **make_kwargs) for i in range(n_episodes)]
 
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
 
     if eval_tasks and "untrained" not in evals:
         evals["untrained"] = evaluate_policy(policy, pool, eval_tasks, cfg, desc="eval untrained")
-        write_atomically(run / "eval.json", json.dumps(evals, indent=1))
+        write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
         print(f"untrained (no memory, T={cfg.eval_temperature}): score {evals['untrained']['score']:.1f} "
               f"± {evals['untrained']['score_ci95']:.1f}, success {evals['untrained']['success_rate']:.1f} %")
 
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
     if eval_tasks and "trained" not in evals:
         evals["trained"] = evaluate_policy(policy, pool, eval_tasks, cfg, desc="eval trained")
         evals["trained"]["iterations"] = cfg.iterations
-        write_atomically(run / "eval.json", json.dumps(evals, indent=1))
+        write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
     if evals:
         for key in ("untrained", "trained"):
             if key in evals:

@@ -1,0 +1,65 @@
+"""rooms: the obvious action fails, looking around succeeds; splits; bad input; the protocol."""
+import pytest
+
+import envs
+from envs.rooms import oracle_actions
+
+
+def test_unknown_env_and_split_are_clear_errors():
+    with pytest.raises(ValueError, match="valid environments: rooms, webshop-mini, scienceworld"):
+        envs.make("atari")
+    with pytest.raises(ValueError, match="valid: train, test, ood"):
+        envs.tasks("rooms", "dev")
+
+
+def test_obvious_action_fails_and_exploring_wins():
+    env = envs.make("rooms")
+    for task in envs.tasks("rooms", "train")[:20]:
+        obs, info = env.reset(task)
+        assert task.instruction in obs and info["task_id"] == task.task_id and not info["won"]
+        obvious = oracle_actions(task)[-1]              # "turn on red light bulb", right away
+        assert obvious in info["admissible_actions"]     # offered, like the paper's "focus on red light bulb"
+        obs, reward, done, info = env.step(obvious)
+        assert reward == 0 and not done and info["valid"] and obs.startswith("There is no")
+        for action in oracle_actions(task):
+            obs, reward, done, info = env.step(action)
+        assert reward == 1.0 and done and info["won"] and info["score"] == 1.0
+
+
+def test_oracle_solves_every_split_and_splits_are_disjoint():
+    env = envs.make("rooms")
+    splits = {s: envs.tasks("rooms", s) for s in ("train", "test", "ood")}
+    assert {s: len(t) for s, t in splits.items()} == {"train": 60, "test": 40, "ood": 30}
+    sig = lambda t: (t.kind, t.color, t.decoy_color, t.start, t.target_room, t.side_rooms)  # noqa: E731
+    assert not {sig(t) for t in splits["train"]} & {sig(t) for t in splits["test"]}
+    assert not {t.kind for t in splits["train"]} & {t.kind for t in splits["ood"]}
+    ids = [t.task_id for ts in splits.values() for t in ts]
+    assert len(ids) == len(set(ids))
+    for task in splits["test"] + splits["ood"]:
+        env.reset(task)
+        rewards = [env.step(a)[1] for a in oracle_actions(task)]
+        assert rewards[-1] == 1.0
+    assert envs.tasks("rooms", "train") == splits["train"]  # deterministic
+
+
+@pytest.mark.parametrize("action", ["", "   ", "x" * 10_000, "🔥 日本語", "go to", "turn on[", "go to moon", None])
+def test_garbage_actions_never_raise(action):
+    env = envs.make("rooms")
+    task = envs.tasks("rooms", "train")[0]
+    env.reset(task)
+    obs, reward, done, info = env.step(action)
+    assert obs.startswith("Invalid action") and "Valid actions are: look around" in obs
+    assert reward == 0 and not done and info["valid"] is False and len(obs) < 1000
+    assert env.step("look around")[3]["valid"]  # the episode goes on
+
+
+def test_lenient_match_and_step_limit():
+    env = envs.make("rooms", max_steps=3)
+    task = envs.tasks("rooms", "train")[0]
+    env.reset(task)
+    obs, _, _, info = env.step("Hallway.")
+    assert info["valid"] and obs.startswith("You are in the hallway")
+    env.step("look around")
+    assert env.step("look around")[2] is True
+    with pytest.raises(TypeError, match="max_step"):
+        envs.make("rooms", max_step=3)
