@@ -39,7 +39,7 @@ class Config:
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 where native), float32 or bfloat16"})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
     seed: int = field(default=0, metadata={"help": "seed for tasks, modes and sampling"})
-    iterations: int = field(default=4, metadata={"help": "training iterations (one optimiser step each)"})
+    iterations: int = field(default=3, metadata={"help": "training iterations (one optimiser step each)"})
     tasks_per_iter: int = field(default=2, metadata={"help": "tasks per iteration (reference: 16)"})
     group_size: int = field(default=4, metadata={"help": "rollouts per task, G (reference: 8)"})
     p: float = field(default=0.25, metadata={"help": "probability of a memory-augmented rollout group"})
@@ -61,12 +61,12 @@ class Config:
     max_new_tokens: int = field(default=32, metadata={"help": "tokens per action"})
     tip_max_new_tokens: int = field(default=64, metadata={"help": "tokens per tip (reference: 512; CPU-friendly default)"})
     max_steps: int = field(default=0, metadata={"help": "episode step limit; 0 = the environment's default"})
-    max_prompt_tokens: int = field(default=4096, metadata={"help": "an episode whose prompt would exceed this ends (truncated)"})
+    max_prompt_tokens: int = field(default=2048, metadata={"help": "an episode whose prompt would exceed this ends (truncated); CPU-sized (reference: 4500)"})
     memory_threshold: float = field(default=0.5, metadata={"help": "retrieve tips with cos sim above this"})
     memory_top_k: int = field(default=10, metadata={"help": "at most this many tips per step"})
     memory_capacity: int = field(default=1000, metadata={"help": "tips per task; oldest dropped first"})
     demo: bool = field(default=True, metadata={"help": "start every episode with the env's one-turn example exchange (small models need it)"})
-    eval_episodes: int = field(default=8, metadata={"help": "test tasks evaluated (no memory) before and after training; 0 skips"})
+    eval_episodes: int = field(default=4, metadata={"help": "test tasks evaluated (no memory) before and after training; 0 skips"})
     task_names: str = field(default="", metadata={"help": "scienceworld: comma-separated task names (empty: the env's default)"})
     out: str = field(default="runs", metadata={"help": "folder that holds runs"})
     name: str = field(default="", metadata={"help": "run name (default: ENV-ALGO-sSEED)"})
@@ -167,9 +167,12 @@ def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=Non
     trajs = [Trajectory(task=t, group=g, rollout_mode=m[0], update_mode=m[1]) for t, g, m in zip(tasks, groups, modes)]
     chat = policy.chat
     obs, done = [], [False] * n
+    state = []  # what the agent knows of the world: an invalid action leaves it unchanged, so garbage
+    #             (quoted back in "Invalid action: ...") never looks like a new state to the novelty counter
     for i, (env, task) in enumerate(zip(env_pool, tasks)):
         o, _ = env.reset(task)
         obs.append(o)
+        state.append(o)
         trajs[i].first_obs = o
         trajs[i].segments.append(("context", policy.encode(episode_start(policy, env, o, cfg.demo))))
     count_novelty = novelty is not None and cfg.intrinsic_coef > 0
@@ -181,7 +184,7 @@ def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=Non
         live = [i for i in range(n) if not done[i]]
         if not live:
             break
-        keys = embedder([obs[i] for i in live]) if use_embedder else [None] * len(live)  # (len(live), 384)
+        keys = embedder([state[i] for i in live]) if use_embedder else [None] * len(live)  # (len(live), 384)
         for i, key in zip(live, keys):
             tr, tips, new = trajs[i], [], []
             if count_novelty:
@@ -209,13 +212,15 @@ def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=Non
             tr.transcript[-1].update(action=action, reward=float(r), valid=bool(info.get("valid", True)))
             tr.score, tr.won = float(info.get("score", 0.0)), bool(info.get("won", False))
             obs[i], done[i] = o, bool(d)
+            if info.get("valid", True):
+                state[i] = o
             if not d:
                 tr.segments.append(("context", policy.encode(policy.after_action(act_ids) + o)))
     for i in range(n):
         trajs[i].final_obs = obs[i]
     if count_novelty:  # the state each episode ended in counts too
         ended = [i for i in range(n) if trajs[i].rewards]
-        for i, key in zip(ended, embedder([obs[i] for i in ended])):
+        for i, key in zip(ended, embedder([state[i] for i in ended])):
             trajs[i].intrinsic.append(cfg.intrinsic_coef / novelty.visit(trajs[i].task.task_id, key))
     return trajs
 

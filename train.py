@@ -129,11 +129,10 @@ def load_checkpoint(run: Path, policy, optimizer, rng):
 
 
 def plot_learning_curve(run: Path, rows: list[dict]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's plotting backend alone
     it = [r["iteration"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig = Figure(figsize=(13, 3.6))
+    axes = fig.subplots(1, 3)
     axes[0].plot(it, [r["reward"] for r in rows], marker="o", label="return (ext + int)")
     axes[0].plot(it, [r["reward_ext"] for r in rows], marker=".", label="extrinsic return")
     axes[0].set_title("mean return")
@@ -151,7 +150,6 @@ def plot_learning_curve(run: Path, rows: list[dict]) -> None:
     fig.tight_layout()
     tmp = run / "learning_curve.tmp.png"
     fig.savefig(tmp, dpi=100)
-    plt.close(fig)
     tmp.replace(run / "learning_curve.png")
 
 

@@ -103,6 +103,10 @@ def test_intrinsic_reward_reaches_the_advantages(tiny_policy, embedder):
     assert torch.all(a0 == 0)          # no extrinsic success: no signal without r_int
     assert not torch.allclose(a0, a1)
     assert t1[0].int_return > t1[2].int_return
+    # an invalid action leaves the state as it was: garbage quoted back by the env is no new state
+    assert not any(s["valid"] for tr in t1 for s in tr.transcript)  # a random model's output
+    for j, tr in enumerate(t1):  # 3 episodes in lockstep on one unchanging state: n = 1 + j + 3k
+        assert tr.intrinsic == pytest.approx([1 / (1 + j + 3 * k) for k in range(len(tr.transcript) + 1)])
 
 
 def test_update_trains_only_lora_and_moves_good_actions_up(tiny_policy):

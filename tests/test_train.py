@@ -121,3 +121,18 @@ def test_help_lists_every_flag_the_issue_names():
                  "--intrinsic-coef", "--lr", "--lora-r", "--seed", "--out", "--resume", "--no-off-policy",
                  "--no-memory-on-policy"):
         assert flag in text, flag
+
+
+@pytest.mark.skipif(__import__("shutil").which("java") is None, reason="ScienceWorld needs a Java runtime")
+def test_train_cli_on_scienceworld(tmp_path):
+    """python train.py --env scienceworld --iterations 1 on a small task, default model, two simulators."""
+    cmd = [sys.executable, "train.py", "--env", "scienceworld", "--task-names", "find-living-thing", "--iterations", "1",
+           "--tasks-per-iter", "1", "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "8",
+           "--tip-max-new-tokens", "8", "--eval-episodes", "0", "--p", "1", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "scienceworld-empo2-s0"
+    row = read_metrics(run)[0]
+    assert row["episode_steps"] == 2 and row["memory/size"] >= 1
+    sample = (run / "samples" / "iter_0000.txt").read_text()
+    assert "scienceworld/find-living-thing/" in sample and "living thing" in sample
