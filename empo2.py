@@ -185,10 +185,11 @@ def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=Non
         if not live:
             break
         keys = embedder([state[i] for i in live]) if use_embedder else [None] * len(live)  # (len(live), 384)
+        if count_novelty:
+            for i, n_similar in zip(live, novelty.visit_many([trajs[i].task.task_id for i in live], keys)):
+                trajs[i].intrinsic.append(cfg.intrinsic_coef / n_similar)
         for i, key in zip(live, keys):
             tr, tips, new = trajs[i], [], []
-            if count_novelty:
-                tr.intrinsic.append(cfg.intrinsic_coef / novelty.visit(tr.task.task_id, key))
             if tr.rollout_mode == "memory" and memory is not None:
                 tips = memory.retrieve(tr.task.task_id, key)
                 if tips:
@@ -220,8 +221,9 @@ def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=Non
         trajs[i].final_obs = obs[i]
     if count_novelty:  # the state each episode ended in counts too
         ended = [i for i in range(n) if trajs[i].rewards]
-        for i, key in zip(ended, embedder([state[i] for i in ended])):
-            trajs[i].intrinsic.append(cfg.intrinsic_coef / novelty.visit(trajs[i].task.task_id, key))
+        counts = novelty.visit_many([trajs[i].task.task_id for i in ended], embedder([state[i] for i in ended]))
+        for i, n_similar in zip(ended, counts):
+            trajs[i].intrinsic.append(cfg.intrinsic_coef / n_similar)
     return trajs
 
 

@@ -174,6 +174,18 @@ class NoveltyCounter:
         self.states[task_id] = np.concatenate([seen, key])
         return n
 
+    def visit_many(self, task_ids: list[str], keys: np.ndarray) -> list[int]:
+        """visit() for states reached at the same moment (one lockstep step): each is counted against
+        the states stored before, not against its batch-mates, so batch order never changes a reward."""
+        counts = []
+        for tid, key in zip(task_ids, keys):
+            seen = self.states.get(tid, np.zeros((0, self.dim), np.float32))
+            counts.append(1 + int(np.count_nonzero(seen @ np.asarray(key, np.float32) > self.threshold)))
+        for tid, key in zip(task_ids, keys):
+            self.states[tid] = np.concatenate([self.states.get(tid, np.zeros((0, self.dim), np.float32)),
+                                               np.asarray(key, np.float32).reshape(1, self.dim)])
+        return counts
+
     def __len__(self) -> int:
         return sum(len(s) for s in self.states.values())
 

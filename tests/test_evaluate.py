@@ -41,8 +41,8 @@ def run_dir(tmp_path_factory):
     """python train.py --env rooms --iterations 1 ... (in process), with the real default model."""
     out = tmp_path_factory.mktemp("runs")
     argv = ["--env", "rooms", "--model", "default", "--dtype", "float32", "--device", "cpu", "--iterations", "1",
-            "--tasks-per-iter", "1", "--group-size", "2", "--eval-episodes", "1", "--max-steps", "2",
-            "--max-new-tokens", "4", "--tip-max-new-tokens", "4", "--lr", "1e-2", "--min-logp=-1e9",
+            "--tasks-per-iter", "2", "--group-size", "2", "--eval-episodes", "1", "--max-steps", "2",
+            "--max-new-tokens", "8", "--tip-max-new-tokens", "4", "--lr", "1e-2", "--min-logp=-1e9",
             "--out", str(out), "--name", "rooms-empo2-s0"]
     assert train.main(argv) == 0
     return out / "rooms-empo2-s0"

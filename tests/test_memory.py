@@ -96,9 +96,11 @@ def test_novelty_counter_counts_similar_states_including_itself(tmp_path):
     assert nov.visit("t", unit(0, 1)) == 1        # new state
     assert nov.visit("u", unit(1, 0)) == 1        # other task
     assert nov.visit("t", unit(1, 0)) == 3
+    assert nov.visit_many(["t", "t", "v"], np.stack([unit(0, 1), unit(0, 1), unit(0, 1)])) == [2, 2, 1]
+    assert nov.visit("t", unit(0, 1)) == 4
     nov.save(tmp_path / "n.json")
     back = NoveltyCounter.load(tmp_path / "n.json")
-    assert back.visit("t", unit(1, 0)) == 4 and len(back) == 6
+    assert back.visit("t", unit(1, 0)) == 4 and len(back) == 10
 
 
 def test_embedder_is_normalised_and_semantic():
