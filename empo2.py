@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from policy import Lockstep
+
 SYSTEM_PROMPT = "You are a text-game agent. Reply with exactly one valid action, copied word for word, and nothing else."
 TIP_HEADER = "\n<tip> Here are some memories you collected in your previous exploration:\n"
 TIP_FOOTER = "</tip>"
@@ -180,43 +182,46 @@ def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=Non
     if use_embedder and embedder is None:
         raise ValueError("memory rollouts and the intrinsic reward need an embedder")
     limit = (cfg.max_steps or env_pool[0].max_steps) if env_pool else 0
-    for _step in tqdm(range(limit), desc=desc, leave=False, disable=n == 0):
-        live = [i for i in range(n) if not done[i]]
-        if not live:
-            break
-        keys = embedder([state[i] for i in live]) if use_embedder else [None] * len(live)  # (len(live), 384)
-        if count_novelty:
-            for i, n_similar in zip(live, novelty.visit_many([trajs[i].task.task_id for i in live], keys)):
-                trajs[i].intrinsic.append(cfg.intrinsic_coef / n_similar)
-        for i, key in zip(live, keys):
-            tr, tips, new = trajs[i], [], []
-            if tr.rollout_mode == "memory" and memory is not None:
-                tips = memory.retrieve(tr.task.task_id, key)
-                if tips:
-                    new.append(("tip", policy.encode(tip_block(tips))))
-            new.append(("context", policy.encode(chat.user_to_assistant)))
-            # a prompt that would not fit ends the episode (as the prompt-length limit does in verl)
-            if len(tr.tokens()[0]) + sum(len(s) for _, s in new) + cfg.max_new_tokens > cfg.max_prompt_tokens:
-                done[i] = tr.truncated = True
-                continue
-            tr.segments += new
-            tr.transcript.append({"observation": obs[i], "tips": tips})
-        live = [i for i in live if not done[i]]
-        actions = policy.generate([trajs[i].tokens()[0] for i in live], cfg.max_new_tokens, temperature)
-        for i, act_ids in zip(live, actions):
-            tr = trajs[i]
-            text = policy.decode(act_ids).strip()
-            action = text.splitlines()[0] if text else ""
-            tr.segments.append(("action", act_ids))
-            o, r, d, info = env_pool[i].step(action)
-            tr.rewards.append(float(r))
-            tr.transcript[-1].update(action=action, reward=float(r), valid=bool(info.get("valid", True)))
-            tr.score, tr.won = float(info.get("score", 0.0)), bool(info.get("won", False))
-            obs[i], done[i] = o, bool(d)
-            if info.get("valid", True):
-                state[i] = o
-            if not d:
-                tr.segments.append(("context", policy.encode(policy.after_action(act_ids) + o)))
+    decoder = Lockstep(policy)  # one KV cache for the whole rollout: each step encodes only what is new
+    with policy.merged_lora():  # sampling only: LoRA folded into the weights, restored exactly after
+        for _step in tqdm(range(limit), desc=desc, leave=False, disable=n == 0):
+            live = [i for i in range(n) if not done[i]]
+            if not live:
+                break
+            keys = embedder([state[i] for i in live]) if use_embedder else [None] * len(live)  # (len(live), 384)
+            if count_novelty:
+                for i, n_similar in zip(live, novelty.visit_many([trajs[i].task.task_id for i in live], keys)):
+                    trajs[i].intrinsic.append(cfg.intrinsic_coef / n_similar)
+            for i, key in zip(live, keys):
+                tr, tips, new = trajs[i], [], []
+                if tr.rollout_mode == "memory" and memory is not None:
+                    tips = memory.retrieve(tr.task.task_id, key)
+                    if tips:
+                        new.append(("tip", policy.encode(tip_block(tips))))
+                new.append(("context", policy.encode(chat.user_to_assistant)))
+                # a prompt that would not fit ends the episode (as the prompt-length limit does in verl)
+                if len(tr.tokens()[0]) + sum(len(s) for _, s in new) + cfg.max_new_tokens > cfg.max_prompt_tokens:
+                    done[i] = tr.truncated = True
+                    continue
+                tr.segments += new
+                tr.transcript.append({"observation": obs[i], "tips": tips})
+            live = [i for i in live if not done[i]]
+            actions = decoder.generate([trajs[i].tokens()[0] for i in live], live, cfg.max_new_tokens, temperature,
+                                       stop_at_newline=True)  # an action is one line
+            for i, act_ids in zip(live, actions):
+                tr = trajs[i]
+                text = policy.decode(act_ids).strip()
+                action = text.splitlines()[0] if text else ""
+                tr.segments.append(("action", act_ids))
+                o, r, d, info = env_pool[i].step(action)
+                tr.rewards.append(float(r))
+                tr.transcript[-1].update(action=action, reward=float(r), valid=bool(info.get("valid", True)))
+                tr.score, tr.won = float(info.get("score", 0.0)), bool(info.get("won", False))
+                obs[i], done[i] = o, bool(d)
+                if info.get("valid", True):
+                    state[i] = o
+                if not d:
+                    tr.segments.append(("context", policy.encode(policy.after_action(act_ids) + o)))
     for i in range(n):
         trajs[i].final_obs = obs[i]
     if count_novelty:  # the state each episode ended in counts too

@@ -325,6 +325,29 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
+def ratio_ci95(num: list[list[float]], den: list[list[float]], draws: int = 5000, seed: int = 0) -> dict:
+    """Ratio and difference of mean episode scores, group `num` vs group `den`, each a list of runs
+    (seeds) holding per-episode scores; 95 % CIs by a two-level bootstrap (resample seeds, then
+    episodes within each), so seed-to-seed variation counts. The ratio is None where den's mean is 0."""
+    rng = np.random.default_rng(seed)
+
+    def resampled_mean(runs):
+        picks = [runs[i] for i in rng.integers(len(runs), size=len(runs))]
+        return float(np.mean(np.concatenate([np.asarray(r)[rng.integers(len(r), size=len(r))] for r in picks])))
+    mean_num, mean_den = float(np.mean(np.concatenate(num))), float(np.mean(np.concatenate(den)))
+    pairs = np.array([(resampled_mean(num), resampled_mean(den)) for _ in range(draws)])  # (draws, 2)
+    diff = pairs[:, 0] - pairs[:, 1]
+    out = {"difference": mean_num - mean_den, "difference_ci95": [float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))],
+           "ratio": None, "ratio_ci95": None}
+    if mean_den > 0:
+        ok = pairs[:, 1] > 0
+        ratio = pairs[ok, 0] / pairs[ok, 1]
+        out["ratio"] = mean_num / mean_den
+        out["ratio_ci95"] = ([float(np.percentile(ratio, 2.5)), float(np.percentile(ratio, 97.5))]
+                             if ok.mean() > 0.975 else None)  # too many zero denominators: no honest interval
+    return out
+
+
 def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
     lines = ["| run | env | algo | seed | score ± 95 % CI | success % ± 95 % CI | eval (episodes) | iterations | wall time | tokens generated |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -345,6 +368,20 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
             lines.append(f"| {group_label(g)} | {', '.join(str(r['seed']) for r in g)} "
                          f"| {fmt_ci(*mean_ci95([m['score'] for m in scored])) if scored else '–'} "
                          f"| {fmt_ci(*mean_ci95([m['success_rate'] for m in scored])) if scored else '–'} |")
+        base = multi[0]
+        episodes = lambda g: [[100 * e["reward"] for e in r["main"]["episodes"]] for r in g if r["main"]]  # noqa: E731
+        if len(multi) > 1 and episodes(base):
+            lines += ["", f"Held-out score of {group_label(base)} relative to each other group "
+                      "(two-level bootstrap over seeds and episodes, 95 % CI):", "",
+                      "| vs group | score ratio | score difference |", "|---|---|---|"]
+            for g in multi[1:]:
+                if not episodes(g):
+                    continue
+                rc = ratio_ci95(episodes(base), episodes(g))
+                ratio = ("undefined (denominator scored 0)" if rc["ratio"] is None else f"{rc['ratio']:.2f} "
+                         + ("[CI undefined]" if rc["ratio_ci95"] is None else "[{:.2f}, {:.2f}]".format(*rc["ratio_ci95"])))
+                lines.append(f"| {group_label(g)} | {ratio} | {rc['difference']:+.1f} "
+                             "[{:+.1f}, {:+.1f}] |".format(*rc["difference_ci95"]))
     adapt = [(r, a) for r in runs for a in r["adaptation"]]
     if adapt:
         lines += ["", "Adaptation (memory on, no weight update):", "",
@@ -358,12 +395,11 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
 
 
 def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
+    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's plotting backend alone
     with_adapt = [g for g in groups if any(r["adaptation"] for r in g)]
-    fig, axes = plt.subplots(1, 2 if with_adapt else 1, figsize=(12 if with_adapt else 6.5, 4), squeeze=False)
+    fig = Figure(figsize=(12 if with_adapt else 6.5, 4))
+    axes = fig.subplots(1, 2 if with_adapt else 1, squeeze=False)
     ax = axes[0][0]
     for k, g in enumerate(groups):
         curves = [{x["iteration"]: x[metric] for x in r["metrics"] if metric in x} for r in g]
@@ -392,7 +428,8 @@ def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:
                 n = min(len(s) for s in runs)
                 x = np.arange(1, n + 1)
                 arr = np.array([s[:n] for s in runs])
-                label = f"{group_label(g)} [{split}]"
+                have = [r for r in g if any(a["settings"]["split"] == split for a in r["adaptation"])]
+                label = f"{group_label(g) if len(have) == len(g) else ', '.join(r['name'] for r in have)} [{split}]"
                 if len(runs) > 1:
                     ax.plot(x, arr.mean(0), marker="o", color=f"C{k}", label=label)
                     ax.fill_between(x, arr.min(0), arr.max(0), color=f"C{k}", alpha=0.2)
@@ -410,7 +447,6 @@ def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:
     png.parent.mkdir(parents=True, exist_ok=True)
     tmp = png.with_name(png.name + ".tmp")
     fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
     os.replace(tmp, png)
 
 

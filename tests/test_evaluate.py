@@ -150,8 +150,9 @@ def test_compare_table_and_png(run_dir, eval_off, tmp_path):
     c = copy_run(run_dir, tmp_path / "rooms-grpo-s0", algo="grpo", name="rooms-grpo-s0")
     for f in c.glob("eval*.json"):
         f.unlink()
+    d = copy_run(run_dir, tmp_path / "rooms-grpo-s1", algo="grpo", seed=1, name="rooms-grpo-s1")
     out = tmp_path / "cmp" / "table.md"
-    assert evaluate.main(["--compare", str(a), str(b), str(c), "--out", str(out)]) == 0
+    assert evaluate.main(["--compare", str(a), str(b), str(c), str(d), "--out", str(out)]) == 0
 
     md = out.read_text()
     main_table = md.split("\n\n")[1]                 # "# title", the run table, then the other tables
@@ -169,9 +170,29 @@ def test_compare_table_and_png(run_dir, eval_off, tmp_path):
     groups = evaluate.group_runs([evaluate.read_run(None, p) for p in (a, b, c)])
     assert [[r["name"] for r in g] for g in groups] == [["rooms-empo2-s0", "rooms-empo2-s1"], ["rooms-grpo-s0"]]
     assert "| rooms-empo2 (2 seeds) | 0, 1 |" in md and "Adaptation" in md
+    assert "relative to each other group" in md and "\n| rooms-grpo (2 seeds) | " in md  # EMPO2 vs GRPO row
     png = out.with_suffix(".png")
     assert png.stat().st_size > 5000 and png_width(png) == 1200   # two panels: curves and score vs trial
     assert not list(out.parent.glob("*.tmp"))
+
+
+def test_ratio_and_difference_with_two_level_bootstrap():
+    r = evaluate.ratio_ci95([[20, 20], [20, 20]], [[10, 10], [10, 10]])
+    assert r["ratio"] == 2 and r["ratio_ci95"] == [2, 2] and r["difference"] == 10 and r["difference_ci95"] == [10, 10]
+    zero = evaluate.ratio_ci95([[50, 0]], [[0, 0], [0, 0]])
+    assert zero["ratio"] is None and zero["difference"] == 25
+    rng = np.random.default_rng(1)
+    num = [list(rng.normal(60, 10, 30)) for _ in range(3)]
+    den = [list(rng.normal(40, 10, 30)) for _ in range(3)]
+    r = evaluate.ratio_ci95(num, den)
+    lo, hi = r["ratio_ci95"]
+    assert 1 < lo < r["ratio"] < hi and lo < 1.5 < hi
+    # (nearly) the same 30 episodes, spread over seeds that disagree or over seeds that agree:
+    # seed-to-seed variation must widen the interval
+    varied = [[30.0] * 10, [60.0] * 10, [90.0] * 10]
+    agreed = [[30.0, 60.0, 90.0] * 3 + [60.0]] * 3
+    width = lambda x: np.diff(evaluate.ratio_ci95(x, den)["difference_ci95"])[0]  # noqa: E731
+    assert width(varied) > 2 * width(agreed)
 
 
 def test_untrained_model_without_run(tiny_model_dir, tmp_path):
