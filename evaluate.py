@@ -368,16 +368,16 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
             lines.append(f"| {group_label(g)} | {', '.join(str(r['seed']) for r in g)} "
                          f"| {fmt_ci(*mean_ci95([m['score'] for m in scored])) if scored else '–'} "
                          f"| {fmt_ci(*mean_ci95([m['success_rate'] for m in scored])) if scored else '–'} |")
-        base = multi[0]
-        episodes = lambda g: [[100 * e["reward"] for e in r["main"]["episodes"]] for r in g if r["main"]]  # noqa: E731
-        if len(multi) > 1 and episodes(base):
-            lines += ["", f"Held-out score of {group_label(base)} relative to each other group "
+        # per group: each seed's per-episode held-out scores
+        episodes = [[[100 * e["reward"] for e in r["main"]["episodes"]] for r in g if r["main"]] for g in multi]
+        if len(multi) > 1 and episodes[0]:
+            lines += ["", f"Held-out score of {group_label(multi[0])} relative to each other group "
                       "(two-level bootstrap over seeds and episodes, 95 % CI):", "",
                       "| vs group | score ratio | score difference |", "|---|---|---|"]
-            for g in multi[1:]:
-                if not episodes(g):
+            for g, eps in zip(multi[1:], episodes[1:]):
+                if not eps:
                     continue
-                rc = ratio_ci95(episodes(base), episodes(g))
+                rc = ratio_ci95(episodes[0], eps)
                 ratio = ("undefined (denominator scored 0)" if rc["ratio"] is None else f"{rc['ratio']:.2f} "
                          + ("[CI undefined]" if rc["ratio_ci95"] is None else "[{:.2f}, {:.2f}]".format(*rc["ratio_ci95"])))
                 lines.append(f"| {group_label(g)} | {ratio} | {rc['difference']:+.1f} "

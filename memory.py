@@ -168,11 +168,7 @@ class NoveltyCounter:
 
     def visit(self, task_id: str, key: np.ndarray) -> int:
         """n = number of stored states of this task with cos sim > threshold, plus this one; then store it."""
-        key = np.asarray(key, dtype=np.float32).reshape(1, self.dim)
-        seen = self.states.get(task_id, np.zeros((0, self.dim), np.float32))
-        n = 1 + int(np.count_nonzero(seen @ key[0] > self.threshold))
-        self.states[task_id] = np.concatenate([seen, key])
-        return n
+        return self.visit_many([task_id], np.asarray(key, dtype=np.float32).reshape(1, self.dim))[0]
 
     def visit_many(self, task_ids: list[str], keys: np.ndarray) -> list[int]:
         """visit() for states reached at the same moment (one lockstep step): each is counted against
