@@ -1,6 +1,6 @@
 """Speed where it counts, measured side by side in one run; prints one JSON object of ratios.
 
-    python bench.py                 # the default model on CPU, ~3-5 minutes on 2 cores
+    python bench.py                 # the default model on CPU, ~3 minutes on 2 cores
 
 rollout_batched_vs_sequential      tokens/s of 8 rooms episodes in lockstep (one generate call per
                                    step) vs the same 8 episodes one after another     (target >= 4)
@@ -8,6 +8,10 @@ scoring_single_pass_vs_per_turn    scoring the action tokens of a 10-turn trajec
                                    pass vs re-encoding the prompt at every turn        (target >= 3)
 retrieval_vectorized_vs_loop       TipMemory.retrieve at 10,000 entries vs a per-entry Python loop
                                    with the same results                              (target >= 50)
+
+Also printed: rollout_decode_steps_one_by_one_vs_lockstep, the forward passes one-by-one decoding
+needs per lockstep decode step for the same tokens (a lockstep step lasts until its longest action
+is done): the most decoding could speed up even if 8 rows cost what 1 row costs.
 """
 from __future__ import annotations
 
@@ -23,25 +27,35 @@ from empo2 import Config, rollout
 from memory import TipMemory
 
 
-def bench_rollout(policy, steps: int, new_tokens: int) -> dict:
+def bench_rollout(policy, steps: int, new_tokens: int, repeats: int = 3) -> dict:
+    """Sampled at the training temperature, so the two runs generate different actions: each of the
+    `repeats` seeds runs both, one after the other, and the figures are totals over all of them."""
     cfg = Config(env="rooms", max_steps=steps, max_new_tokens=new_tokens)
     tasks = envs.tasks("rooms", "test")[:8]
     pool = [envs.make("rooms") for _ in tasks]
     rollout(policy, pool[:2], tasks[:2], [("plain", "on-policy")] * 2, cfg)  # warm-up
     modes = [("plain", "on-policy")]
 
-    def generated(trajs):
-        return sum(len(s) for tr in trajs for kind, s in tr.segments if kind == "action")
-    torch.manual_seed(0)
-    t = time.perf_counter()
-    batched = generated(rollout(policy, pool, tasks, modes * 8, cfg))
-    t_batched = time.perf_counter() - t
-    torch.manual_seed(0)
-    t = time.perf_counter()
-    sequential = sum(generated(rollout(policy, pool[:1], [task], modes, cfg)) for task in tasks)
-    t_sequential = time.perf_counter() - t
-    return {"batched_tokens_per_s": batched / t_batched, "sequential_tokens_per_s": sequential / t_sequential,
-            "rollout_batched_vs_sequential": (batched / t_batched) / (sequential / t_sequential)}
+    def actions(trajs):  # tokens of each action, per episode
+        return [[len(s) for kind, s in tr.segments if kind == "action"] for tr in trajs]
+    tokens_b = tokens_s = time_b = time_s = lockstep_steps = 0
+    for seed in range(repeats):
+        torch.manual_seed(seed)
+        t = time.perf_counter()
+        lengths = actions(rollout(policy, pool, tasks, modes * 8, cfg))
+        time_b += time.perf_counter() - t
+        tokens_b += sum(map(sum, lengths))
+        # Lockstep decodes until the longest action of the step is done; one after another, each episode
+        # decodes only its own tokens. Their ratio caps the speed-up of decoding even if 8 rows cost what 1 does.
+        lockstep_steps += sum(max(a[k] for a in lengths if len(a) > k) for k in range(max(map(len, lengths))))
+        torch.manual_seed(seed)
+        t = time.perf_counter()
+        tokens_s += sum(sum(map(sum, actions(rollout(policy, pool[:1], [task], modes, cfg)))) for task in tasks)
+        time_s += time.perf_counter() - t
+    return {"batched_tokens_per_s": tokens_b / time_b, "sequential_tokens_per_s": tokens_s / time_s,
+            "rollout_tokens_batched": tokens_b, "rollout_tokens_sequential": tokens_s,
+            "rollout_decode_steps_one_by_one_vs_lockstep": tokens_b / lockstep_steps,
+            "rollout_batched_vs_sequential": (tokens_b / time_b) / (tokens_s / time_s)}
 
 
 def bench_scoring(policy, turns: int = 10, repeats: int = 3) -> dict:

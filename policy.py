@@ -235,6 +235,22 @@ class Policy:
         return logp, entropy
 
 
+def sample_tokens(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """One token per row of logits (B, V), drawn from softmax(logits / temperature) itself (no top-k or
+    top-p truncation); temperature 0 is greedy.
+
+    Inverse-CDF sampling: one uniform draw per row, located in the cumulative probabilities. Exact, as
+    torch.multinomial is, but multinomial on CPU spends ~1.2 ms per row drawing one random number per
+    vocabulary entry (measured for 8 rows of 49,152: 9.4 ms vs 0.55 ms here), at every decode step.
+    """
+    if temperature == 0:
+        return logits.argmax(-1)
+    cdf = torch.softmax(logits.double() / temperature, dim=-1).cumsum(-1)       # (B, V)
+    u = torch.rand(cdf.shape[0], 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    # right=True: u = 0 cannot land on a leading zero-probability token
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+
+
 class Lockstep:
     """Sampling for a batch of episodes whose prompts only grow, with one KV cache kept across calls.
 
@@ -265,12 +281,22 @@ class Lockstep:
 
     def _forward(self, block: torch.Tensor, block_mask: torch.Tensor) -> torch.Tensor:
         """Append block (B, L) with its mask to the cache; returns next-token logits (B, V) in float32."""
-        self.mask = torch.cat([self.mask, block_mask], dim=1)             # (B, T + L)
-        positions = (self.mask.cumsum(-1) - 1).clamp(min=0)[:, -block.shape[1]:]  # holes do not count
+        self.mask = torch.cat([self.mask, block_mask], dim=1)             # (B, T), T includes the block
+        L, T = block.shape[1], self.mask.shape[1]
+        positions = (self.mask.cumsum(-1) - 1).clamp(min=0)[:, -L:]       # holes do not count
+        attention = self.mask
+        if self.policy.model.config._attn_implementation == "sdpa":
+            # The (B, 1, L, T) mask built here, not by transformers: given no mask (no holes), transformers
+            # asks SDPA for enable_gqa, which on CPU copies the shared key/value heads; with a mask it
+            # folds query heads onto them (measured per layer, 8 rows x 300 tokens: 1.55 vs 0.29 ms).
+            query = torch.arange(T - L, T, device=block.device)[:, None]
+            key = torch.arange(T, device=block.device)[None, :]
+            # earlier non-hole tokens and itself: no query row is all masked (the math kernel would give NaN)
+            attention = (self.mask.bool()[:, None, None, :] & (key <= query)) | (key == query)
         # an index tensor, not logits_to_keep=1: the strided last-column slice of a (B>1, L, d) batch
         # makes the LM head's matmul copy its weight B times (measured: 0.95 of 1.6 s on CPU)
-        last = torch.tensor([block.shape[1] - 1], device=block.device)
-        out = self.policy.model(input_ids=block, attention_mask=self.mask, position_ids=positions,
+        last = torch.tensor([L - 1], device=block.device)
+        out = self.policy.model(input_ids=block, attention_mask=attention, position_ids=positions,
                                 past_key_values=self.past, use_cache=True, logits_to_keep=last)
         return out.logits[:, -1].float()
 
@@ -305,10 +331,7 @@ class Lockstep:
         live = torch.ones(len(prompts), dtype=torch.bool)
         has_text = [False] * len(prompts)
         for step in range(max_new_tokens):
-            if temperature > 0:  # sample from pi itself: no top-k / top-p truncation
-                tokens = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1).squeeze(-1)
-            else:
-                tokens = logits.argmax(-1)
+            tokens = sample_tokens(logits, temperature)
             for row in torch.nonzero(live).squeeze(-1).tolist():
                 t = int(tokens[row])
                 out[row].append(t)

@@ -1,7 +1,7 @@
 """Sampling machinery: the cross-step KV cache, the newline stop and the merged-LoRA context."""
 import torch
 
-from policy import Lockstep, load_policy
+from policy import Lockstep, load_policy, sample_tokens
 
 
 def randomise_lora(policy, seed=0):
@@ -28,6 +28,36 @@ def test_kv_cache_across_calls_gives_what_fresh_generation_gives(tiny_policy):
     assert second == tiny_policy.generate([grown[0], grown[2]], 6, temperature=0.0)
     for row, key in enumerate([0, 2]):
         assert second[row] == tiny_policy.generate([grown[key]], 6, temperature=0.0)[0]
+
+
+def greedy_without_cache(policy, prompt, n):
+    """The reference: every token from a full forward pass over the whole sequence, one row, no mask."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(policy.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_lockstep_with_holes_and_a_kept_cache_matches_a_plain_forward(tiny_policy):
+    """Holes (unequal rows, rows that stopped early), hole-skipping positions and the attention mask
+    built by Lockstep must give each row what a plain forward pass over its own tokens gives."""
+    randomise_lora(tiny_policy, seed=2)
+    tiny_policy.model.eval()
+    enc = tiny_policy.encode
+    prompts = [enc("Go"), enc("A long hallway with three doors, one of them red. Open"), enc("Kitchen sink")]
+    decoder = Lockstep(tiny_policy)
+    stops = tiny_policy.stop_ids
+    tiny_policy.stop_ids = [greedy_without_cache(tiny_policy, prompts[0], 3)[2]]  # row 0 stops early: holes
+    first = decoder.generate(prompts, [0, 1, 2], 6, temperature=0.0)
+    tiny_policy.stop_ids = stops
+    assert len(first[0]) == 3 and max(map(len, first)) == 6
+    for row, prompt in enumerate(prompts):
+        assert first[row] == greedy_without_cache(tiny_policy, prompt, 6)[:len(first[row])]
+    grown = [p + o + enc(" You see a key. Take") for p, o in zip(prompts, first)]
+    second = decoder.generate(grown, [0, 1, 2], 5, temperature=0.0)
+    for row, prompt in enumerate(grown):
+        assert second[row] == greedy_without_cache(tiny_policy, prompt, 5)
 
 
 def test_stop_at_newline_cuts_after_the_first_line_with_text(tiny_policy, monkeypatch):
@@ -61,3 +91,18 @@ def test_merged_lora_samples_the_same_model_and_restores_bf16_weights_exactly(ti
     assert (merged - plain).abs().mean() < 0.25 * (base - plain).abs().mean()
     after = policy.model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())  # and not one bit of drift afterwards
+
+
+def test_sample_tokens_draws_from_the_tempered_softmax():
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -float("inf"), 0.5],
+                           [-float("inf"), 0.0, 0.0, 3.0, -float("inf")]])
+    n, temperature = 40_000, 0.7
+    draws = torch.stack([sample_tokens(logits, temperature) for _ in range(n)])  # (n, 2)
+    for row in range(2):
+        freq = torch.bincount(draws[:, row], minlength=5).double() / n
+        probs = torch.softmax(logits[row].double() / temperature, -1)
+        sigma = (probs * (1 - probs) / n).sqrt()
+        assert ((freq - probs).abs() <= 5 * sigma + 1e-12).all(), (row, freq, probs)
+        assert freq[probs == 0].sum() == 0  # a -inf logit is never drawn
+    assert sample_tokens(logits, 0).tolist() == [0, 3]
