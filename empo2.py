@@ -43,6 +43,7 @@ class Config:
     seed: int = field(default=0, metadata={"help": "seed for tasks, modes and sampling"})
     iterations: int = field(default=2, metadata={"help": "training iterations (one optimiser step each; CPU-sized default)"})
     tasks_per_iter: int = field(default=2, metadata={"help": "tasks per iteration (reference: 16; CPU-sized default)"})
+    train_tasks: int = field(default=0, metadata={"help": "train on this many training tasks, spread over the split (0: all). A small pool repeats tasks, so tips are retrieved within a short run"})
     group_size: int = field(default=2, metadata={"help": "rollouts per task, G (reference: 8; CPU-sized default)"})
     p: float = field(default=0.25, metadata={"help": "probability of a memory-augmented rollout group"})
     q: float = field(default=0.68, metadata={"help": "probability that a memory group gets the off-policy update"})

@@ -324,25 +324,27 @@ class Lockstep:
             block[row, width - len(s):], block_mask[row, width - len(s):] = torch.tensor(s), 1
         was_training = policy.model.training
         policy.model.eval()
-        logits = self._forward(block.to(device), block_mask.to(device))
-        stops = set(policy.stop_ids)
-        newline, newline_after_text, text = policy.token_kinds if stop_at_newline else (set(), set(), set())
-        out = [[] for _ in prompts]
-        live = torch.ones(len(prompts), dtype=torch.bool)
-        has_text = [False] * len(prompts)
-        for step in range(max_new_tokens):
-            tokens = sample_tokens(logits, temperature)
-            for row in torch.nonzero(live).squeeze(-1).tolist():
-                t = int(tokens[row])
-                out[row].append(t)
-                if t in stops or (t in newline and (has_text[row] or t in newline_after_text)):
-                    live[row] = False
-                has_text[row] = has_text[row] or t in text
-            if not live.any() or step == max_new_tokens - 1:
-                break
-            feed = torch.where(live, tokens.cpu(), pad)[:, None]
-            logits = self._forward(feed.to(device), live.long()[:, None].to(device))
-        policy.model.train(was_training)
+        try:
+            logits = self._forward(block.to(device), block_mask.to(device))
+            stops = set(policy.stop_ids)
+            newline, newline_after_text, text = policy.token_kinds if stop_at_newline else (set(), set(), set())
+            out = [[] for _ in prompts]
+            live = torch.ones(len(prompts), dtype=torch.bool)
+            has_text = [False] * len(prompts)
+            for step in range(max_new_tokens):
+                tokens = sample_tokens(logits, temperature)
+                for row in torch.nonzero(live).squeeze(-1).tolist():
+                    t = int(tokens[row])
+                    out[row].append(t)
+                    if t in stops or (t in newline and (has_text[row] or t in newline_after_text)):
+                        live[row] = False
+                    has_text[row] = has_text[row] or t in text
+                if not live.any() or step == max_new_tokens - 1:
+                    break
+                feed = torch.where(live, tokens.cpu(), pad)[:, None]
+                logits = self._forward(feed.to(device), live.long()[:, None].to(device))
+        finally:
+            policy.model.train(was_training)
         self.fed = [p + o[:-1] for p, o in zip(prompts, out)]  # the last sampled token is not in the cache yet
         return out
 

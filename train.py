@@ -56,6 +56,8 @@ def parse_args(argv=None) -> Config:
     for name in ("iterations", "tasks_per_iter", "max_new_tokens", "tip_max_new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.train_tasks and args.train_tasks < args.tasks_per_iter:
+        parser.error(f"--train-tasks {args.train_tasks} is fewer than --tasks-per-iter {args.tasks_per_iter}")
     if args.intrinsic_coef < 0 or args.lr <= 0 or args.eval_episodes < 0 or args.max_steps < 0:
         parser.error("--intrinsic-coef, --eval-episodes and --max-steps must be >= 0, --lr > 0")
     if args.no_off_policy and args.no_memory_on_policy:
@@ -198,6 +200,8 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(cfg.seed)
     make_kwargs, task_kwargs = env_kwargs(cfg)
     train_tasks = envs.tasks(cfg.env, "train", **task_kwargs)
+    if cfg.train_tasks:
+        train_tasks = eval_subset(train_tasks, cfg.train_tasks)
     test_tasks = envs.tasks(cfg.env, "test", **task_kwargs)
     eval_tasks = eval_subset(test_tasks, cfg.eval_episodes)
     n_episodes = cfg.tasks_per_iter * cfg.group_size

@@ -89,12 +89,22 @@ def test_corrupt_checkpoint_is_named_and_the_run_refuses_to_resume(tmp_path, tin
     assert [r["iteration"] for r in read_metrics(tmp_path / "r")] == [0]  # nothing lost
 
 
+def test_a_small_task_pool_repeats_tasks_so_tips_are_retrieved(tmp_path, tiny_model_dir):
+    # every group in memory mode; iteration 1 draws the same 2 tasks again, whose first observations key the tips
+    assert train.main(tiny_args(tiny_model_dir, tmp_path, "pool", 2, "--train-tasks", "2", "--p", "1",
+                                "--eval-episodes", "0")) == 0
+    metrics = read_metrics(tmp_path / "pool")
+    assert [m["episodes_with_tips"] for m in metrics] == [0, 4]
+    assert json.loads((tmp_path / "pool" / "config.json").read_text())["train_tasks"] == 2
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--env", "atari"], "valid environments: rooms, webshop-mini, scienceworld"),
     (["--env", "rooms", "--p", "1.5"], "--p must be in [0, 1]"),
     (["--env", "rooms", "--q", "-0.1"], "--q must be in [0, 1]"),
     (["--env", "rooms", "--algo", "grpo", "--group-size", "1"], "--group-size must be at least 2"),
     (["--env", "rooms", "--algo", "ppo"], "--algo must be empo2 or grpo"),
+    (["--env", "rooms", "--train-tasks", "1", "--tasks-per-iter", "2"], "is fewer than --tasks-per-iter"),
 ])
 def test_bad_flags_are_argparse_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
