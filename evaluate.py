@@ -11,7 +11,7 @@
     python evaluate.py --compare runs/rooms-empo2-s0 runs/rooms-empo2-s1 runs/rooms-grpo-s0 runs/untrained-rooms
                                                                   # -> compare.md (table) and compare.png (curves)
 
-Main metric (EMPO2.md, "Evaluation"): the policy WITHOUT memory at temperature 0.4 on --episodes
+Main metric (docs/algorithm.md, "Evaluation"): the policy WITHOUT memory at temperature 0.4 on --episodes
 tasks spread evenly over a split (the same tasks train.py evaluates, for every seed), one episode
 per task and trial; score = 100 x mean
 episode return, success rate (%) = episodes won, mean steps, each with a 95 % CI, per task and over
@@ -44,7 +44,8 @@ import numpy as np
 import torch
 
 import envs
-from empo2 import Config, eval_subset, evaluate_policy, json_safe, mean_ci95, reflect, rollout, store_tips
+from empo2 import (MEMORY, NO_UPDATE, Config, episode_record, episode_stats, eval_subset, evaluate_policy, json_safe, mean_ci95, reflect,
+                   rollout, store_tips)
 from memory import Embedder, TipMemory, write_atomically
 from train import env_kwargs
 
@@ -122,6 +123,8 @@ def build_config(parser, args) -> tuple[Config, Path | None]:
                  "eval_temperature": args.temperature, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
                  "tip_max_new_tokens": args.tip_max_new_tokens, "task_names": args.task_names}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None}, resume=False)
+    if run is None:  # the untrained model: no warm start was loaded, so it gets the example turns (demo auto)
+        cfg = dataclasses.replace(cfg, warm_start="off")
     # tips are written at the evaluation temperature as well (reflect samples at cfg.temperature)
     return dataclasses.replace(cfg, temperature=cfg.eval_temperature), run
 
@@ -155,15 +158,6 @@ def weights_checksum(params) -> str:
     return h.hexdigest()
 
 
-def stats(episodes: list[dict]) -> dict:
-    """Score (100 x mean return), success rate (%) and mean steps, each with its 95 % CI half-width."""
-    score, score_ci = mean_ci95([100 * e["reward"] for e in episodes])
-    success, success_ci = mean_ci95([100 * e["won"] for e in episodes])
-    steps, steps_ci = mean_ci95([e["steps"] for e in episodes])
-    return {"score": score, "score_ci95": score_ci, "success_rate": success, "success_ci95": success_ci,
-            "mean_steps": steps, "steps_ci95": steps_ci, "n_episodes": len(episodes)}
-
-
 def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, embedder=None, memory=None) -> list[dict]:
     """All episodes of all trials, one record each. Memory on: tips retrieved during, written after each trial."""
     records = []
@@ -174,13 +168,12 @@ def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, 
         else:
             for start in range(0, len(tasks), len(pool)):
                 chunk = tasks[start:start + len(pool)]
-                trajs = rollout(policy, pool, chunk, [("memory", "none")] * len(chunk), cfg, memory=memory,
+                trajs = rollout(policy, pool, chunk, [(MEMORY, NO_UPDATE)] * len(chunk), cfg, memory=memory,
                                 embedder=embedder, temperature=cfg.eval_temperature, desc=f"adapt trial {trial}")
-                reflect(policy, trajs, cfg)         # EMPO2.md step 3: the policy writes itself a tip ...
+                reflect(policy, trajs, cfg)         # docs/algorithm.md, step 3: the policy writes itself a tip ...
                 store_tips(memory, embedder, trajs)  # ... kept for the next trial; no weight update
-                records += [{"task_id": tr.task.task_id, "reward": tr.ext_return, "won": tr.won, "steps": len(tr.rewards),
-                             "trial": trial, "tips_seen": tr.has_tips, "tip": tr.tip} for tr in trajs]
-        now = stats([r for r in records if r["trial"] == trial])
+                records += [{**episode_record(tr), "trial": trial, "tips_seen": tr.has_tips, "tip": tr.tip} for tr in trajs]
+        now = episode_stats([r for r in records if r["trial"] == trial])
         print(f"trial {trial}/{trials}: score {now['score']:.1f} ± {now['score_ci95']:.1f}, success "
               f"{now['success_rate']:.1f} %, steps {now['mean_steps']:.1f}" + (f", memory {len(memory)}" if memory_on else ""),
               flush=True)
@@ -222,19 +215,19 @@ def evaluate(parser, args) -> int:
                            "max_new_tokens": cfg.max_new_tokens, "tip_max_new_tokens": cfg.tip_max_new_tokens,
                            "model": cfg.model, "dtype": str(next(policy.model.parameters()).dtype).removeprefix("torch."),
                            "device": str(policy.device), "seed": cfg.seed,
-                           "demo": cfg.demo, "task_names": cfg.task_names, "memory_threshold": cfg.memory_threshold,
+                           "demo": cfg.shows_demo, "task_names": cfg.task_names, "memory_threshold": cfg.memory_threshold,
                            "memory_top_k": cfg.memory_top_k},
-              **stats(records)}
+              **episode_stats(records)}
     result["trials"] = []
     for k in range(1, args.trials + 1):
         rows = [r for r in records if r["trial"] == k]
-        result["trials"].append({"trial": k, **stats(rows), "episodes_with_tips": sum(r.get("tips_seen", False) for r in rows)})
+        result["trials"].append({"trial": k, **episode_stats(rows), "episodes_with_tips": sum(r.get("tips_seen", False) for r in rows)})
     first, last = result["trials"][0]["score"], result["trials"][-1]["score"]
     result["gain_pct"] = 100 * (last - first) / first if args.trials > 1 and first > 0 else None
     result["per_task"] = []
     for task in tasks:
         rows = [r for r in records if r["task_id"] == task.task_id]
-        entry = {"task_id": task.task_id, "instruction": task.instruction, **stats(rows),
+        entry = {"task_id": task.task_id, "instruction": task.instruction, **episode_stats(rows),
                  "trial_scores": [100 * r["reward"] for r in rows]}
         if memory_on:
             entry["tips"] = [r["tip"] for r in rows]

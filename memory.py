@@ -1,6 +1,6 @@
 """Tip memory and state-novelty counter: plain vectors plus a sentence embedder.
 
-EMPO2.md step 2-4: the memory M holds, per task, entries {key vector, tip text, score}; retrieval
+docs/algorithm.md, steps 2-4: the memory M holds, per task, entries {key vector, tip text, score}; retrieval
 returns the tips whose key is similar to the current context, best score first. The novelty
 counter gives the intrinsic reward r_int = c / n, n = number of similar states seen before
 (the current one included).
@@ -97,7 +97,7 @@ class Embedder:
 
 # ----------------------------------------------------------------------------------------
 class TipMemory:
-    """Per-task tips. Retrieval: cos sim > threshold, highest stored score first, at most top_k."""
+    """Per-task tips. Retrieval: cos sim > threshold, highest stored score first (ties: newest first), at most top_k."""
 
     def __init__(self, threshold: float = 0.5, top_k: int = 10, capacity: int = 1000, dim: int = EMBED_DIM):
         self.threshold, self.top_k, self.capacity, self.dim = threshold, top_k, capacity, dim
@@ -125,8 +125,9 @@ class TipMemory:
         sims = self.keys[task_id] @ np.asarray(query, dtype=np.float32).reshape(self.dim)  # (n,) one product
         hits = np.flatnonzero(sims > self.threshold)
         scores = np.asarray(self.scores[task_id])[hits]
-        # highest score first; ties: more similar first (lexsort sorts by the last key first)
-        order = hits[np.lexsort((-sims[hits], -scores))][:self.top_k]
+        # highest score first; ties: newest first, so tips written before any success (all score 0)
+        # give way to later ones instead of staying for the whole run (lexsort sorts by the last key first)
+        order = hits[np.lexsort((-hits, -scores))][:self.top_k]
         return [self.tips[task_id][i] for i in order]
 
     def __len__(self) -> int:
@@ -137,15 +138,14 @@ class TipMemory:
         return [{"task_id": tid, "tip": tip, "score": s}
                 for tid in self.tips for tip, s in zip(self.tips[tid], self.scores[tid])]
 
-    def save(self, path) -> None:
-        data = {"threshold": self.threshold, "top_k": self.top_k, "capacity": self.capacity, "dim": self.dim,
+    def to_dict(self) -> dict:
+        """Plain JSON-able data (key vectors as base64 float32, exact)."""
+        return {"threshold": self.threshold, "top_k": self.top_k, "capacity": self.capacity, "dim": self.dim,
                 "tasks": {tid: {"tips": self.tips[tid], "scores": self.scores[tid], "keys": _encode(self.keys[tid])}
                           for tid in self.tips}}
-        write_atomically(path, json.dumps(data, indent=1))
 
     @classmethod
-    def load(cls, path) -> "TipMemory":
-        data = _read_json(path, "memory")
+    def from_dict(cls, data: dict, what: str = "memory data") -> "TipMemory":
         try:
             mem = cls(data["threshold"], data["top_k"], data["capacity"], data["dim"])
             for tid, entry in data["tasks"].items():
@@ -154,13 +154,20 @@ class TipMemory:
                     raise ValueError("keys, tips and scores differ in length")
                 mem.keys[tid], mem.tips[tid], mem.scores[tid] = keys, list(entry["tips"]), list(entry["scores"])
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"memory file {path} is corrupt or truncated ({e!r})") from None
+            raise ValueError(f"{what} is corrupt or truncated ({e!r})") from None
         return mem
+
+    def save(self, path) -> None:
+        write_atomically(path, json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path) -> "TipMemory":
+        return cls.from_dict(_read_json(path, "memory"), f"memory file {path}")
 
 
 # ----------------------------------------------------------------------------------------
 class NoveltyCounter:
-    """Counts visits to similar states per task; EMPO2.md step 4: r_int = c / n."""
+    """Counts visits to similar states per task; docs/algorithm.md, step 4: r_int = c / n."""
 
     def __init__(self, threshold: float = 0.9, dim: int = EMBED_DIM):
         self.threshold, self.dim = threshold, dim
@@ -185,17 +192,22 @@ class NoveltyCounter:
     def __len__(self) -> int:
         return sum(len(s) for s in self.states.values())
 
-    def save(self, path) -> None:
-        data = {"threshold": self.threshold, "dim": self.dim,
+    def to_dict(self) -> dict:
+        return {"threshold": self.threshold, "dim": self.dim,
                 "tasks": {tid: _encode(s) for tid, s in self.states.items()}}
-        write_atomically(path, json.dumps(data))
 
     @classmethod
-    def load(cls, path) -> "NoveltyCounter":
-        data = _read_json(path, "novelty")
+    def from_dict(cls, data: dict, what: str = "novelty data") -> "NoveltyCounter":
         try:
             counter = cls(data["threshold"], data["dim"])
             counter.states = {tid: _decode(s, counter.dim) for tid, s in data["tasks"].items()}
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"novelty file {path} is corrupt or truncated ({e!r})") from None
+            raise ValueError(f"{what} is corrupt or truncated ({e!r})") from None
         return counter
+
+    def save(self, path) -> None:
+        write_atomically(path, json.dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path) -> "NoveltyCounter":
+        return cls.from_dict(_read_json(path, "novelty"), f"novelty file {path}")

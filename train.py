@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 import envs
-from empo2 import (Config, episode_returns, eval_subset, evaluate_policy, grpo_advantages, json_safe, reflect, rollout, sample_modes, store_tips,
-                   update_policy)
+from empo2 import (MEMORY, PLAIN, Config, episode_returns, eval_subset, evaluate_policy, grpo_advantages, intrinsic_rewards, json_safe,
+                   reflect, rollout, sample_modes, store_tips, update_policy)
 from memory import Embedder, NoveltyCounter, TipMemory, write_atomically
+from warm_start import warm_start
 
 
 def parse_args(argv=None) -> Config:
@@ -53,15 +54,38 @@ def parse_args(argv=None) -> Config:
             parser.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
     if args.group_size < 2:
         parser.error("--group-size must be at least 2: GRPO compares rollouts within a group")
-    for name in ("iterations", "tasks_per_iter", "max_new_tokens", "tip_max_new_tokens"):
+    if args.iterations < 0:
+        parser.error("--iterations must be at least 0 (0: the warm start alone)")
+    for name in ("tasks_per_iter", "max_new_tokens", "tip_max_new_tokens", "tip_block_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.train_tasks and args.train_tasks < args.tasks_per_iter:
         parser.error(f"--train-tasks {args.train_tasks} is fewer than --tasks-per-iter {args.tasks_per_iter}")
     if args.intrinsic_coef < 0 or args.lr <= 0 or args.eval_episodes < 0 or args.max_steps < 0:
         parser.error("--intrinsic-coef, --eval-episodes and --max-steps must be >= 0, --lr > 0")
+    for name in ("warm_start", "demo"):
+        if getattr(args, name) not in ("auto", "on", "off"):
+            parser.error(f"--{name.replace('_', '-')} must be auto, on or off")
+    if min(args.warm_start_episodes, args.warm_start_epochs, args.warm_start_batch) < 1 or args.warm_start_lr <= 0:
+        parser.error("--warm-start-episodes, --warm-start-epochs and --warm-start-batch must be at least 1, "
+                     "--warm-start-lr > 0")
+    if args.warm_start == "on" and envs.demonstrator(args.env) is None:
+        parser.error(f"--warm-start on: {args.env} has no scripted demonstrator")
     if args.no_off_policy and args.no_memory_on_policy:
         parser.error("--no-off-policy and --no-memory-on-policy together leave memory groups no update")
+    if args.resume:
+        return Config(**vars(args))  # the run's own config.json is checked when it is read
+    # settings that depend on the environment's task lists, checked before any work is done
+    try:
+        make_kwargs, task_kwargs = env_kwargs(Config(**vars(args)))
+        n_train = len(envs.tasks(args.env, "train", **task_kwargs))
+    except (ValueError, TypeError) as e:
+        parser.error(str(e))
+    pool = min(args.train_tasks, n_train) if args.train_tasks else n_train
+    if args.tasks_per_iter > pool:
+        parser.error(f"--tasks-per-iter {args.tasks_per_iter} is more than the {pool} training tasks "
+                     f"{'in the --train-tasks pool' if args.train_tasks else 'of ' + args.env}; an iteration draws "
+                     f"distinct tasks, so use at most {pool}")
     return Config(**vars(args))
 
 
@@ -90,44 +114,64 @@ def save_checkpoint(run: Path, iteration: int, policy, optimizer, memory, novelt
     ckpt = {"iteration": iteration, "config": dataclasses.asdict(cfg),
             "lora": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(policy.model).items()},
             "optimizer": optimizer.state_dict(), "rng": rng_state(rng),
-            "memory": _json_of(memory), "novelty": _json_of(novelty)}
+            "memory": json.dumps(memory.to_dict()), "novelty": json.dumps(novelty.to_dict())}
     tmp = run / "checkpoint.pt.tmp"
     torch.save(ckpt, tmp)
     tmp.replace(run / "checkpoint.pt")
 
 
-def _json_of(obj) -> str:
-    """The object's own save() format, as a string (so the checkpoint stays one file)."""
-    import tempfile
-    with tempfile.TemporaryDirectory() as d:
-        obj.save(Path(d) / "x.json")
-        return (Path(d) / "x.json").read_text()
-
-
-def _from_json(cls, text: str, path: Path):
-    import tempfile
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "x.json").write_text(text)
-        try:
-            return cls.load(Path(d) / "x.json")
-        except ValueError as e:
-            raise ValueError(f"checkpoint {path}: {e}") from None
-
-
-def load_checkpoint(run: Path, policy, optimizer, rng):
+def load_checkpoint(run: Path, policy, rng) -> dict:
+    """Loads the LoRA weights and the RNG state; returns the checkpoint (iteration, optimizer, memory, novelty)."""
     from peft import set_peft_model_state_dict
     path = run / "checkpoint.pt"
     try:
         ckpt = torch.load(path, weights_only=True)
         set_peft_model_state_dict(policy.model, ckpt["lora"])
-        optimizer.load_state_dict(ckpt["optimizer"])
         set_rng_state(rng, ckpt["rng"])
+        ckpt["memory"] = TipMemory.from_dict(json.loads(ckpt["memory"]), f"checkpoint {path}: memory")
+        ckpt["novelty"] = NoveltyCounter.from_dict(json.loads(ckpt["novelty"]), f"checkpoint {path}: novelty")
     except FileNotFoundError:
         raise FileNotFoundError(f"--resume: no checkpoint at {path}") from None
     except (RuntimeError, KeyError, EOFError, ValueError) as e:
         raise RuntimeError(f"checkpoint {path} is corrupt or truncated ({e}); "
                            f"the run cannot resume from it") from None
-    return ckpt["iteration"], _from_json(TipMemory, ckpt["memory"], path), _from_json(NoveltyCounter, ckpt["novelty"], path)
+    return ckpt
+
+
+def print_eval(label: str, e: dict, cfg: Config) -> None:
+    cached = " (cached)" if e.get("cached") else ""
+    print(f"{label:11s} (test split, no memory, T={cfg.eval_temperature}): score {e['score']:.1f} ± {e['score_ci95']:.1f}, "
+          f"success {e['success_rate']:.1f} ± {e['success_ci95']:.1f} %, valid actions {e['valid_action_rate']:.0f} %, "
+          f"{e['mean_steps']:.1f} steps, {len(e['episodes'])} episodes{cached}", flush=True)
+
+
+def cached_evaluation(policy, pool, tasks, cfg: Config, weights: str) -> dict:
+    """evaluate_policy with seed cfg.seed, kept on disk for weights that many runs share (the untrained
+    model, a cached warm start): the same weights, tasks, settings, seed and code give the same episodes,
+    so EMPO² and GRPO runs of one seed evaluate their common start once."""
+    import hashlib
+    import inspect
+
+    import empo2
+    import policy as policy_module
+    code = hashlib.sha256("".join(inspect.getsource(m) for m in (
+        envs, sys.modules[envs.make(cfg.env).__module__], empo2, policy_module)).encode()).hexdigest()[:16]
+    key = {"weights": weights, "model": cfg.model, "dtype": str(next(policy.model.parameters()).dtype), "env": cfg.env,
+           "task_names": cfg.task_names, "tasks": [t.task_id for t in tasks], "seed": cfg.seed,
+           **{k: getattr(cfg, k) for k in ("eval_temperature", "max_steps", "max_new_tokens", "max_prompt_tokens", "demo")},
+           "batch": len(pool), "code": code}
+    from policy import cache_dir
+    path = cache_dir() / "evals" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json")
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return {**saved["result"], "cached": True}
+    except (OSError, ValueError):
+        pass  # missing or unreadable: evaluate
+    result = evaluate_policy(policy, pool, tasks, cfg, desc=f"eval {weights[:20]}", seed=cfg.seed)
+    if weights:
+        write_atomically(path, json.dumps(json_safe({"key": key, "result": result})))
+    return {**result, "cached": False}
 
 
 def plot_learning_curve(run: Path, rows: list[dict]) -> None:
@@ -170,6 +214,44 @@ def write_sample(run: Path, iteration: int, trajs) -> None:
     write_atomically(run / "samples" / f"iter_{iteration:04d}.txt", "\n".join(lines) + "\n")
 
 
+def iteration_metrics(it: int, trajs, returns: torch.Tensor, cfg: Config, memory, novelty, stats: dict) -> dict:
+    """One metrics.jsonl line: returns, success, learning signal, modes as trained, truncation, memory."""
+    ext = np.array([tr.ext_return for tr in trajs])
+    per_group = returns.view(cfg.tasks_per_iter, cfg.group_size)
+    first = trajs[::cfg.group_size]   # one episode per group: its modes
+    off = [any(t.scored_without_tips for t in trajs if t.group == tr.group) for tr in first]
+
+    def truncated(kind):
+        chosen = [tr for tr in trajs if tr.rollout_mode == kind]
+        return float(np.mean([tr.truncated for tr in chosen])) if chosen else float("nan")
+    return {"iteration": it, "reward": float(returns.mean()), "reward_std": float(returns.std()),
+            "reward_ext": float(ext.mean()), "reward_int": float(np.mean([tr.int_return for tr in trajs])),
+            "success_rate": float(np.mean([tr.won for tr in trajs])),
+            "frac_reward_zero_std": float((per_group.std(dim=1) < 1e-6).float().mean()),
+            "valid_action_rate": float(np.mean([s.get("valid", False) for tr in trajs for s in tr.transcript] or [0])),
+            "episode_steps": float(np.mean([len(tr.rewards) for tr in trajs])),
+            "truncated": int(sum(tr.truncated for tr in trajs)),
+            "truncated/plain_frac": truncated(PLAIN), "truncated/memory_frac": truncated(MEMORY),
+            "modes/plain": sum(tr.rollout_mode == PLAIN for tr in first),
+            "modes/on_policy_tips": sum(tr.rollout_mode == MEMORY and not o for tr, o in zip(first, off)),
+            "modes/off_policy": sum(off),   # memory groups trained off-policy: those whose episodes saw tips
+            "episodes_with_tips": int(sum(tr.has_tips for tr in trajs)),
+            "memory/size": len(memory), "novelty/states": len(novelty), **stats,
+            "tokens_generated": sum(len(s) for tr in trajs for kind, s in tr.segments if kind == "action")}
+
+
+def save_iteration(run: Path, rows: list[dict], trajs, policy, optimizer, memory, novelty, rng, cfg: Config) -> None:
+    """Every file of the iteration first, the checkpoint last: --resume restarts after the last checkpoint."""
+    it = rows[-1]["iteration"]
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(json_safe(rows[-1])) + "\n")
+    write_sample(run, it, trajs)
+    memory.save(run / "memory.json")
+    save_adapter(run, policy)
+    plot_learning_curve(run, rows)
+    save_checkpoint(run, it + 1, policy, optimizer, memory, novelty, rng, cfg)
+
+
 def save_adapter(run: Path, policy) -> None:
     tmp = run / "adapter.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -203,19 +285,20 @@ def main(argv=None) -> int:
     if cfg.train_tasks:
         train_tasks = eval_subset(train_tasks, cfg.train_tasks)
     test_tasks = envs.tasks(cfg.env, "test", **task_kwargs)
-    eval_tasks = eval_subset(test_tasks, cfg.eval_episodes)
+    eval_tasks = eval_subset(test_tasks, cfg.eval_episodes)  # a split smaller than that: cycled through
+    eval_tasks += [test_tasks[k % len(test_tasks)] for k in range(len(eval_tasks), cfg.eval_episodes)]
     n_episodes = cfg.tasks_per_iter * cfg.group_size
     pool = [envs.make(cfg.env, split="train", seed=cfg.seed + i, **make_kwargs) for i in range(n_episodes)]
 
     policy = load_policy(cfg.model, cfg.dtype, cfg.device, cfg.lora_r, cfg.lora_alpha)
-    optimizer = torch.optim.AdamW(policy.lora_parameters(), lr=cfg.lr, weight_decay=0.0)
     memory = TipMemory(cfg.memory_threshold, cfg.memory_top_k, cfg.memory_capacity)
     novelty = NoveltyCounter(cfg.novelty_threshold)
     uses_memory = cfg.p > 0
     embedder = Embedder(device=str(policy.device)) if (uses_memory or cfg.intrinsic_coef > 0) else None
-    start, evals = 0, {}
-    if cfg.resume:
-        start, memory, novelty = load_checkpoint(run, policy, optimizer, rng)
+    start, evals, ckpt = 0, {}, None
+    if cfg.resume and (run / "checkpoint.pt").exists():
+        ckpt = load_checkpoint(run, policy, rng)
+        start, memory, novelty = ckpt["iteration"], ckpt["memory"], ckpt["novelty"]
         evals = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else {}
         print(f"resumed {run} at iteration {start}")
     metrics_path = run / "metrics.jsonl"
@@ -223,62 +306,56 @@ def main(argv=None) -> int:
     rows = [r for r in rows if r["iteration"] < start]  # drop lines of an iteration that did not checkpoint
     write_atomically(metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
 
-    if eval_tasks and "untrained" not in evals:
-        evals["untrained"] = evaluate_policy(policy, pool, eval_tasks, cfg, desc="eval untrained")
+    if eval_tasks and "untrained" not in evals:  # with the example turns: without them it writes few valid actions
+        evals["untrained"] = cached_evaluation(policy, pool, eval_tasks, dataclasses.replace(cfg, demo="on"), "untrained")
         write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
-        print(f"untrained (no memory, T={cfg.eval_temperature}): score {evals['untrained']['score']:.1f} "
-              f"± {evals['untrained']['score_ci95']:.1f}, success {evals['untrained']['success_rate']:.1f} %")
+        print_eval("untrained", evals["untrained"], cfg)
+    if start == 0 and cfg.uses_warm_start:  # the common starting point of EMPO² and GRPO
+        ws = warm_start(policy, cfg, make_kwargs)
+        write_atomically(run / "warm_start.json", json.dumps(json_safe(ws), indent=1))
+        save_adapter(run, policy)  # evaluate.py --run can use it, even with --iterations 0
+        if eval_tasks and "warm_start" not in evals:
+            evals["warm_start"] = cached_evaluation(policy, pool, eval_tasks, cfg, Path(ws["folder"]).name)
+            evals["warm_start"]["demonstrator"] = ws["demonstrator"]
+            write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
+            print_eval("warm start", evals["warm_start"], cfg)
+    optimizer = torch.optim.AdamW(policy.lora_parameters(), lr=cfg.lr, weight_decay=0.0)
+    if ckpt is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
 
     try:
         for it in range(start, cfg.iterations):
             t0 = time.time()
-            # step 1-2: a batch of tasks, G rollouts each, mode sampled per group
+            # steps 1-2: a batch of tasks, G rollouts each; rollout mode (and update mode) sampled per group
             batch = [train_tasks[k] for k in rng.choice(len(train_tasks), cfg.tasks_per_iter, replace=False)]
             modes = sample_modes(rng, cfg.tasks_per_iter, cfg.p, cfg.q)
             ep_tasks = [t for t in batch for _ in range(cfg.group_size)]
             ep_modes = [m for m in modes for _ in range(cfg.group_size)]
             groups = [g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
             trajs = rollout(policy, pool, ep_tasks, ep_modes, cfg, groups=groups, memory=memory, embedder=embedder,
-                            novelty=novelty if cfg.intrinsic_coef > 0 else None, temperature=cfg.temperature,
-                            desc=f"iter {it} rollout")
+                            temperature=cfg.temperature, desc=f"iter {it} rollout")
             t_rollout = time.time() - t0
-            # step 3: every episode writes a tip (skipped when no rollout can ever read one, p = 0)
-            stored = 0
-            if uses_memory:
-                reflect(policy, trajs, cfg)
-                stored = store_tips(memory, embedder, trajs)
-            # step 4-5: return = extrinsic + intrinsic, GRPO advantage per group
+            # step 3: every episode that acted writes a tip (skipped when no rollout can read one, p = 0)
+            acted, stored = [tr for tr in trajs if tr.rewards], 0
+            if uses_memory and acted:
+                reflect(policy, acted, cfg)
+                stored = store_tips(memory, embedder, acted)
+            t_reflect = time.time() - t0 - t_rollout
+            # step 4: intrinsic reward r_int = c / n for the states each episode visited
+            if cfg.intrinsic_coef > 0:
+                intrinsic_rewards(trajs, novelty, embedder, cfg.intrinsic_coef)
+            # step 5: return = extrinsic + intrinsic, GRPO advantage per group
             returns = episode_returns(trajs)
             advantages = grpo_advantages(returns, groups)
-            # step 6-9: the hybrid update
+            # steps 6-9: the hybrid update (on-policy, on-policy with tips, off-policy without them), one step
             stats = update_policy(policy, optimizer, trajs, advantages, cfg)
 
-            ext = np.array([tr.ext_return for tr in trajs])
-            per_group = returns.view(cfg.tasks_per_iter, cfg.group_size)
-            gen_tokens = sum(len(s) for tr in trajs for kind, s in tr.segments if kind == "action")
-            row = {"iteration": it, "reward": float(returns.mean()), "reward_std": float(returns.std()),
-                   "reward_ext": float(ext.mean()), "reward_int": float(np.mean([tr.int_return for tr in trajs])),
-                   "success_rate": float(np.mean([tr.won for tr in trajs])),
-                   "frac_reward_zero_std": float((per_group.std(dim=1) < 1e-6).float().mean()),
-                   "valid_action_rate": float(np.mean([s.get("valid", False) for tr in trajs for s in tr.transcript] or [0])),
-                   "episode_steps": float(np.mean([len(tr.rewards) for tr in trajs])),
-                   "truncated": int(sum(tr.truncated for tr in trajs)),
-                   "modes/plain": sum(m[1] == "on-policy" for m in modes),
-                   "modes/on_policy_tips": sum(m[1] == "on-policy-tips" for m in modes),
-                   "modes/off_policy": sum(m[1] == "off-policy" for m in modes),
-                   "episodes_with_tips": int(sum(tr.has_tips for tr in trajs)),
-                   "memory/size": len(memory), "memory/stored": stored, "novelty/states": len(novelty),
-                   **stats, "tokens_generated": gen_tokens, "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
-                   "time/rollout_s": t_rollout, "time/iteration_s": time.time() - t0}
+            row = iteration_metrics(it, trajs, returns, cfg, memory, novelty, stats)
+            row.update({"memory/stored": stored, "time/rollout_s": t_rollout, "time/reflect_s": t_reflect,
+                        "time/update_s": time.time() - t0 - t_rollout - t_reflect, "time/iteration_s": time.time() - t0,
+                        "tokens_per_s": row["tokens_generated"] / max(t_rollout, 1e-9)})
             rows.append(row)
-            # order matters for --resume: every file of this iteration first, the checkpoint last
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            write_sample(run, it, trajs)
-            memory.save(run / "memory.json")
-            save_adapter(run, policy)
-            plot_learning_curve(run, rows)
-            save_checkpoint(run, it + 1, policy, optimizer, memory, novelty, rng, cfg)
+            save_iteration(run, rows, trajs, policy, optimizer, memory, novelty, rng, cfg)
             print(f"iter {it:3d} | return {row['reward']:.3f} (ext {row['reward_ext']:.3f}) | success "
                   f"{100 * row['success_rate']:.0f} % | no-signal groups {row['frac_reward_zero_std']:.2f} | "
                   f"valid {row['valid_action_rate']:.2f} | loss {row['loss']:+.4f} | ent {row['entropy']:.2f} | "
@@ -289,15 +366,15 @@ def main(argv=None) -> int:
         return 130
 
     if eval_tasks and "trained" not in evals:
-        evals["trained"] = evaluate_policy(policy, pool, eval_tasks, cfg, desc="eval trained")
+        if cfg.iterations == 0 and "warm_start" in evals:  # no iteration: the same weights, seed and tasks
+            evals["trained"] = {**evals["warm_start"], "cached": True}
+        else:
+            evals["trained"] = evaluate_policy(policy, pool, eval_tasks, cfg, desc="eval trained", seed=cfg.seed)
         evals["trained"]["iterations"] = cfg.iterations
         write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
-    if evals:
-        for key in ("untrained", "trained"):
-            if key in evals:
-                e = evals[key]
-                print(f"{key:9s} (test split, no memory, T={cfg.eval_temperature}): score {e['score']:.1f} "
-                      f"± {e['score_ci95']:.1f}, success {e['success_rate']:.1f} % over {len(e['episodes'])} episodes")
+    for key, label in (("untrained", "untrained"), ("warm_start", "warm start"), ("trained", "trained")):
+        if key in evals:
+            print_eval(label, evals[key], cfg)
     for env in pool:
         env.close()
     print(f"run saved in {run}")

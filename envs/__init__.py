@@ -8,6 +8,8 @@
 Conventions shared by every environment:
 - An action is any string. Invalid or garbled actions never raise: the step returns an
   "Invalid action ..." observation that lists valid actions, valid=False, reward 0.
+- Every observation ends with the actions valid in it ("Valid actions: ..."), except in
+  scienceworld, where there can be hundreds (its invalid-action message lists the first 30).
 - The rewards of one episode sum to at most 1 (the trainer's extrinsic return); info["score"]
   is the environment's own progress measure (webshop-mini and rooms: 0-1, scienceworld: 0-100).
 - Each environment documents its reward, step limit and splits in its module docstring.
@@ -21,6 +23,7 @@ import importlib
 from dataclasses import dataclass
 
 ENV_NAMES = ("rooms", "webshop-mini", "scienceworld")
+WITH_DEMONSTRATOR = ("rooms", "webshop-mini")   # envs whose module defines demonstrator() (warm_start.py)
 _MODULES = {"rooms": "envs.rooms", "webshop-mini": "envs.webshop_mini", "scienceworld": "envs.scienceworld"}
 
 
@@ -47,13 +50,30 @@ def tasks(name: str, split: str, **kwargs) -> list[Task]:
     return _module(name).tasks(split, **kwargs)
 
 
+def demonstrator(name: str):
+    """The env's scripted demonstrator for the behaviour-cloning warm start (warm_start.py):
+    a function (observation, random.Random) -> action that reads nothing but the observation the
+    agent itself sees. None where the env has none (scienceworld)."""
+    return getattr(_module(name), "demonstrator", None)
+
+
+def valid_actions_of(obs: str) -> list[str]:
+    """The actions listed on an observation's last "Valid actions: a, b, c" line ([] if none)."""
+    for line in reversed(obs.splitlines()):
+        if line.startswith("Valid actions: "):
+            return [a.strip() for a in line[len("Valid actions: "):].split(", ") if a.strip()]
+    return []
+
+
 def normalize_action(text: str) -> str:
     """Lower-case, collapse whitespace, drop surrounding quotes and trailing punctuation."""
     text = " ".join(str(text).strip().split()).lower()
     return text.strip("\"'`").rstrip(".!").strip()
 
 
-def invalid_action_message(action: str, valid: list[str], limit: int = 200) -> str:
-    """The observation every environment returns for an action it cannot execute."""
-    shown = action if len(action) <= limit else action[:limit] + "..."
-    return f"Invalid action: {shown!r}. Valid actions are: " + ", ".join(valid)
+def invalid_action_message(valid: list[str], where: str = "") -> str:
+    """The observation every environment returns for an action it cannot execute.
+
+    The rejected text is not quoted back: a small model copies from the latest observation, and an
+    echo of its own mistake invited it to repeat that mistake until the step limit."""
+    return f"Invalid action{where}. Nothing happened. Valid actions are: " + ", ".join(valid)

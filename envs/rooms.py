@@ -1,6 +1,6 @@
 """rooms: a tiny house where the obvious action fails and success needs looking around.
 
-It is the paper's "turn on the red light bulb" situation (EMPO2.md, "The problem it solves")
+It is the paper's "turn on the red light bulb" situation (docs/algorithm.md, "The problem")
 in a few hundred lines of pure Python, for tests and notebooks. The goal ("turn on the red
 light bulb") names an object that is never in the start room; the start room holds a
 look-alike of another colour, and the goal's own action is always offered, so an agent that
@@ -10,7 +10,7 @@ here." and earns nothing. The target sits two doors away, behind the hallway.
 Reward: 1.0 when the goal action is done on the target, which ends the episode; 0 otherwise.
 Step limit: 10 (max_steps). An action is matched after envs.normalize_action; text that is the
 last words of exactly one valid action ("hallway" for "go to hallway") runs that action. info["score"] is 1.0 once won, else 0.0.
-Splits: "train" (60 tasks) and "test" (40 tasks, unseen layouts) use the kinds "turn on ...
+Splits: "train" (60 tasks) and "test" (100 tasks, unseen layouts) use the kinds "turn on ...
 light bulb" and "open ... box"; "ood" (30 tasks) uses a kind never seen in training,
 "water ... plant".
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from envs import Task, invalid_action_message, normalize_action
+from envs import Task, invalid_action_message, normalize_action, valid_actions_of
 
 ROOMS = ("kitchen", "bedroom", "workshop", "garden", "bathroom", "office", "attic", "cellar")
 COLORS = ("red", "blue", "green", "yellow", "white", "orange", "purple")
@@ -30,7 +30,7 @@ KINDS = {
     "plant": ("water", "plant", "The {obj} is now watered. Task complete!"),
 }
 SPLIT_KINDS = {"train": ("bulb", "box"), "test": ("bulb", "box"), "ood": ("plant",)}
-SPLIT_SIZES = {"train": 60, "test": 40, "ood": 30}
+SPLIT_SIZES = {"train": 60, "test": 100, "ood": 30}
 SPLIT_SEEDS = {"train": 0, "test": 1, "ood": 2}
 FURNITURE = ("a table", "a chair", "a shelf", "a rug", "a lamp", "a cupboard")
 
@@ -77,9 +77,10 @@ def _signature(t: RoomsTask) -> tuple:
 
 class RoomsEnv:
     name = "rooms"
-    # one example exchange shown before every episode (small models need it to answer with an action)
-    demo = ("You are in a shop. You see: a fridge, a counter. Doors lead to: street.\n"
-            "Valid actions: look around, go to street, open fridge", "go to street")
+    # one example exchange shown before every episode (small models need it to answer with an action):
+    # a list of (user, assistant) turns
+    demo = [("You are in a shop. You see: a fridge, a counter. Doors lead to: street.\n"
+             "Valid actions: look around, go to street, open fridge", "go to street")]
 
     def __init__(self, max_steps: int = 10, seed: int = 0):
         self.max_steps = max_steps
@@ -141,7 +142,7 @@ class RoomsEnv:
         t = self.task
         verb, noun, success = KINDS[t.kind]
         if not valid:
-            obs = invalid_action_message(str(action), valid_actions)
+            obs = invalid_action_message(valid_actions)
         elif act == "look around":
             obs = self._describe()
         elif act.startswith("go to "):
@@ -168,6 +169,12 @@ def make(split: str = "train", seed: int = 0, max_steps: int = 10, **kwargs) -> 
     if kwargs:
         raise TypeError(f"rooms does not take {', '.join(kwargs)}")
     return RoomsEnv(max_steps=max_steps, seed=seed)
+
+
+def demonstrator(obs: str, rng: random.Random) -> str:
+    """The warm start's demonstrator: a random walker, one of the valid actions the observation lists,
+    uniformly. It knows the action syntax and nothing of the task (succeeds in ~17 % of test tasks)."""
+    return rng.choice(valid_actions_of(obs) or ["look around"])
 
 
 def oracle_actions(task: RoomsTask) -> list[str]:

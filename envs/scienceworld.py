@@ -249,9 +249,9 @@ def _words_agree(said: list[str], valid: list[str]) -> bool:
 # --- the environment -----------------------------------------------------------------------
 class ScienceWorldEnv:
     # one example exchange shown before every episode (small models need it to answer with an action)
-    demo = ("This room is called the porch. In it, you see: a chair. You also see: A door to the "
-            "garage (that is closed)\nValid actions: look around, open door to garage, look at chair",
-            "open door to garage")
+    demo = [("This room is called the porch. In it, you see: a chair. You also see: A door to the "
+             "garage (that is closed)\nValid actions: look around, open door to garage, look at chair",
+             "open door to garage")]
     name = "scienceworld"
 
     def __init__(self, max_steps: int = MAX_STEPS, seed: int = 0, simplifications: str = "",
@@ -354,7 +354,7 @@ class ScienceWorldEnv:
         reward = 0.0
         if executed is None:
             shown = self.admissible[:INVALID_LIST]
-            obs = invalid_action_message(text, shown)
+            obs = invalid_action_message(shown)
             if len(self.valid_actions) > len(shown):
                 obs += f", ... ({len(self.valid_actions) - len(shown)} more)"
         else:

@@ -10,6 +10,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """EMPO2_CACHE in a temporary folder, so tests never read or leave warm starts and cached evaluations
+    in the user's cache; the converted default model is linked in, not converted again."""
+    import os
+
+    from policy import default_model_dir
+    real = default_model_dir()
+    cache = tmp_path_factory.mktemp("empo2-cache")
+    (cache / real.name).symlink_to(real, target_is_directory=True)
+    old = os.environ.get("EMPO2_CACHE")
+    os.environ["EMPO2_CACHE"] = str(cache)
+    yield cache
+    if old is None:
+        os.environ.pop("EMPO2_CACHE", None)
+    else:
+        os.environ["EMPO2_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM

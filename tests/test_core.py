@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import envs
-from empo2 import (Config, episode_returns, grpo_advantages, reflect, rollout, store_tips, tip_block,
-                   update_policy)
+from empo2 import (Config, episode_returns, grpo_advantages, intrinsic_rewards, reflect, rollout, store_tips,
+                   tip_block, update_policy)
 from memory import NoveltyCounter, TipMemory
 from policy import ChatFormat
 
@@ -24,7 +24,7 @@ def test_chat_format_of_smollm2(tiny_policy):
 
 def test_trajectory_tokens_render_like_the_chat_template(tiny_policy, embedder):
     """The segments, decoded, are exactly what the tokenizer's chat template makes of the conversation."""
-    cfg = Config(env="rooms", max_steps=3, max_new_tokens=6)
+    cfg = Config(env="rooms", max_steps=3, max_new_tokens=6, demo="on")
     tasks, pool = rooms_batch(2)
     memory = TipMemory()
     memory.add(tasks[0].task_id, embedder([pool[0].reset(tasks[0])[0]])[0], "go to the hallway first", 1.0)
@@ -33,9 +33,9 @@ def test_trajectory_tokens_render_like_the_chat_template(tiny_policy, embedder):
     tok = tiny_policy.tokenizer
     assert trajs[0].has_tips and not trajs[1].has_tips
     for tr in trajs:
-        demo_obs, demo_act = pool[0].demo
-        messages = [{"role": "system", "content": __import__("empo2").SYSTEM_PROMPT},
-                    {"role": "user", "content": demo_obs}, {"role": "assistant", "content": demo_act}]
+        messages = [{"role": "system", "content": __import__("empo2").SYSTEM_PROMPT}]
+        for demo_obs, demo_act in pool[0].demo:
+            messages += [{"role": "user", "content": demo_obs}, {"role": "assistant", "content": demo_act}]
         actions = [seg for kind, seg in tr.segments if kind == "action"]
         for step, act in zip(tr.transcript, actions):
             messages.append({"role": "user", "content": step["observation"] + (tip_block(step["tips"]) if step["tips"] else "")})
@@ -62,9 +62,9 @@ def test_off_policy_scores_new_policy_without_tips_and_old_policy_with_them(tiny
     calls = []
     original = tiny_policy.score
 
-    def recording_score(ids, mask, temperature=1.0):
+    def recording_score(ids, mask, temperature=1.0, prefix=None):
         calls.append((list(ids), list(mask), torch.is_grad_enabled()))
-        return original(ids, mask, temperature)
+        return original(ids, mask, temperature, prefix)
     monkeypatch.setattr(tiny_policy, "score", recording_score)
     opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=1e-3)
     update_policy(tiny_policy, opt, trajs[:1], torch.tensor([1.0]), cfg)
@@ -72,7 +72,7 @@ def test_off_policy_scores_new_policy_without_tips_and_old_policy_with_them(tiny
     decode = tiny_policy.tokenizer.decode
     assert new_grad and not old_grad
     assert "tricky" not in decode(new_ids) and "<tip>" not in decode(new_ids)
-    assert decode(old_ids).count("tricky") == len(trajs[0].transcript)  # one tip block per step
+    assert decode(old_ids).count("tricky") == 1  # a tip is shown once per episode
     assert (new_ids, new_mask) == trajs[0].tokens(with_tips=False)
     assert (old_ids, old_mask) == trajs[0].tokens(with_tips=True)
     tip_tokens = sum(len(s) for k, s in trajs[0].segments if k == "tip")
@@ -92,8 +92,8 @@ def test_intrinsic_reward_reaches_the_advantages(tiny_policy, embedder):
     results = {}
     for coef in (0.0, 1.0):
         cfg = Config(env="rooms", max_steps=3, max_new_tokens=4, intrinsic_coef=coef)
-        trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 3, cfg, groups=[0, 1, 2],
-                        embedder=embedder, novelty=NoveltyCounter(0.9), temperature=0.0)
+        trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 3, cfg, groups=[0, 1, 2], temperature=0.0)
+        intrinsic_rewards(trajs, NoveltyCounter(0.9), embedder, coef)
         results[coef] = (trajs, grpo_advantages(episode_returns(trajs), [0, 1, 2]))  # groups of one: A = R
     (t0, a0), (t1, a1) = results[0.0], results[1.0]
     assert [s["action"] for tr in t0 for s in tr.transcript] == [s["action"] for tr in t1 for s in tr.transcript]
@@ -110,8 +110,8 @@ def test_batch_order_never_changes_the_intrinsic_reward(tiny_policy, embedder):
     """Twin episodes of one group, stepped in lockstep, get the same r_int (no first-in-batch bonus)."""
     cfg = Config(env="rooms", max_steps=3, max_new_tokens=4, intrinsic_coef=1.0)
     tasks, pool = rooms_batch(1, group_size=3)
-    trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 3, cfg, groups=[0, 0, 0],
-                    embedder=embedder, novelty=NoveltyCounter(0.9), temperature=0.0)
+    trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 3, cfg, groups=[0, 0, 0], temperature=0.0)
+    intrinsic_rewards(trajs, NoveltyCounter(0.9), embedder, cfg.intrinsic_coef)
     assert trajs[0].intrinsic == trajs[1].intrinsic == trajs[2].intrinsic
     assert trajs[0].intrinsic == pytest.approx([1 / (1 + 3 * k) for k in range(len(trajs[0].transcript) + 1)])
     assert torch.all(grpo_advantages(episode_returns(trajs), [0, 0, 0]) == 0)
@@ -145,7 +145,7 @@ def test_non_finite_loss_skips_the_step(tiny_policy, monkeypatch):
     tasks, pool = rooms_batch(1, group_size=2)
     trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 2, cfg, groups=[0, 0])
     original = tiny_policy.score
-    monkeypatch.setattr(tiny_policy, "score", lambda ids, m, t=1.0: tuple(x * float("nan") for x in original(ids, m, t)))
+    monkeypatch.setattr(tiny_policy, "score", lambda ids, m, t=1.0, prefix=None: tuple(x * float("nan") for x in original(ids, m, t, prefix)))
     before = [p.detach().clone() for p in tiny_policy.lora_parameters()]
     opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=1e-2)
     stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), cfg)
@@ -171,7 +171,7 @@ def test_prompt_limit_truncates_and_reflection_still_works(tiny_policy, embedder
 
 def test_batched_and_one_at_a_time_rollouts_choose_the_same_actions(real_policy):
     """Lockstep batching with left padding must not change what greedy decoding picks."""
-    cfg = Config(env="rooms", max_steps=2, max_new_tokens=10)
+    cfg = Config(env="rooms", max_steps=2, max_new_tokens=10, demo="on")
     tasks, pool = rooms_batch(3, split="test")
     batched = rollout(real_policy, pool, tasks, [("plain", "on-policy")] * 3, cfg, temperature=0.0)
     for i, task in enumerate(tasks):
@@ -180,3 +180,81 @@ def test_batched_and_one_at_a_time_rollouts_choose_the_same_actions(real_policy)
         assert alone.tokens() == batched[i].tokens()
     # the real model with the demo exchange answers with valid actions at least sometimes
     assert any(s["valid"] for tr in batched for s in tr.transcript)
+
+
+class HashEmbedder:
+    """A stand-in embedder: every distinct text gets its own random unit vector (all states novel)."""
+    def __call__(self, texts):
+        out = []
+        for t in texts:
+            v = np.random.default_rng(abs(hash(t)) % 2**32).normal(size=384)
+            out.append(v / np.linalg.norm(v))
+        return np.array(out, dtype=np.float32)
+
+
+def test_wandering_never_out_earns_a_purchase_at_the_default_coefficient():
+    """r_int is averaged over an episode's states: a 15-step episode through 16 novel states that buys
+    nothing must return less than a 3-step purchase at reward 0.5 whose states were all seen before."""
+    from empo2 import Trajectory
+    cfg = Config()
+    task = envs.tasks("webshop-mini", "train")[0]
+    novelty = NoveltyCounter(cfg.novelty_threshold)
+    seen = [f"page {k}" for k in range(4)]
+    warmup = [Trajectory(task=task, group=0, rollout_mode="plain", update_mode="on-policy", states=list(seen))
+              for _ in range(5)]
+    intrinsic_rewards(warmup, novelty, HashEmbedder(), cfg.intrinsic_coef)   # those pages are now familiar
+    buy = Trajectory(task=task, group=0, rollout_mode="plain", update_mode="on-policy", states=list(seen),
+                     rewards=[0.0, 0.0, 0.5])
+    wander = Trajectory(task=task, group=0, rollout_mode="plain", update_mode="on-policy",
+                        states=[f"new page {k}" for k in range(16)], rewards=[0.0] * 15)
+    intrinsic_rewards([buy, wander], novelty, HashEmbedder(), cfg.intrinsic_coef)
+    assert wander.intrinsic == [cfg.intrinsic_coef] * 16 and max(buy.intrinsic) < cfg.intrinsic_coef / 5
+    returns = episode_returns([buy, wander])
+    assert returns[0] > returns[1] and grpo_advantages(returns, [0, 0])[0] > 0
+    assert wander.int_return == pytest.approx(cfg.intrinsic_coef)   # the mean, not 16 x c
+
+
+def test_tips_are_shown_once_within_their_budget_and_never_cut_an_episode(tiny_policy):
+    """A memory episode gets each tip once, at most tip_block_tokens of tips in all, and the same room to act
+    as a plain episode: max_prompt_tokens bounds the conversation, tips come on top."""
+    task = envs.tasks("rooms", "train")[0]
+    tips = [f"tip number {k}: look in every room before acting, the goal is never where you start" for k in range(10)]
+
+    class Everything:  # a memory that returns every tip for any state
+        def retrieve(self, task_id, key):
+            return list(tips)
+    cfg = Config(env="rooms", max_steps=4, max_new_tokens=4, tip_block_tokens=60, demo="off")
+    tr = rollout(tiny_policy, [envs.make("rooms")], [task], [("memory", "on-policy-tips")], cfg,
+                 memory=Everything(), embedder=HashEmbedder(), temperature=1.0)[0]
+    shown = [t for step in tr.transcript for t in step["tips"]]
+    assert len(shown) == len(set(shown)) > 0                           # never twice in one episode
+    assert sum(len(ids) for kind, ids in tr.segments if kind == "tip") <= 60
+    assert tr.transcript[0]["tips"] == tips[:len(tr.transcript[0]["tips"])]   # best first
+    # a budget that just fits the plain conversation: the memory episode is not cut either
+    plain = rollout(tiny_policy, [envs.make("rooms")], [task], [("plain", "on-policy")], cfg, temperature=0.0)[0]
+    prompts = [sum(len(s) for _, s in plain.segments[:k]) for k, (kind, _) in enumerate(plain.segments) if kind == "action"]
+    tight = Config(**{**cfg.__dict__, "max_prompt_tokens": max(prompts) + cfg.max_new_tokens, "tip_block_tokens": 400})
+    assert not rollout(tiny_policy, [envs.make("rooms")], [task], [("plain", "on-policy")], tight, temperature=0.0)[0].truncated
+    squeezed = rollout(tiny_policy, [envs.make("rooms")], [task], [("memory", "on-policy-tips")], tight,
+                       memory=Everything(), embedder=HashEmbedder(), temperature=0.0)[0]
+    assert squeezed.has_tips and not squeezed.truncated and len(squeezed.transcript) == cfg.max_steps
+
+
+def test_the_low_probability_mask_applies_to_off_policy_tokens_only_by_default(tiny_policy, monkeypatch):
+    import empo2
+    cfg = Config(env="rooms", max_steps=1, max_new_tokens=3)
+    tasks, pool = rooms_batch(1, group_size=2)
+    trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 2, cfg, groups=[0, 0])
+    seen = []
+    original = empo2.policy_loss
+
+    def spy(*args):
+        seen.append(args[-1])
+        return original(*args)
+    monkeypatch.setattr(empo2, "policy_loss", spy)
+    opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=1e-3)
+    stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), cfg)
+    assert seen == [None, None] and stats["masked_fraction"] == 0   # a random model's tokens are all < log delta
+    seen.clear()
+    stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), Config(**{**cfg.__dict__, "mask_on_policy": True}))
+    assert seen == [cfg.min_logp] * 2 and stats["masked_fraction"] == 1.0

@@ -1,4 +1,4 @@
-"""grpo_advantages and policy_loss against numbers worked out by hand (EMPO2.md steps 5 and 8)."""
+"""grpo_advantages and policy_loss against numbers worked out by hand (docs/algorithm.md, steps 5 and 8)."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""TipMemory and NoveltyCounter semantics (DESIGN.md public API), and the real embedder."""
+"""TipMemory and NoveltyCounter semantics (the public API that notebooks and course assignments call), and the real embedder."""
 import json
 
 import numpy as np
@@ -28,11 +28,16 @@ def test_retrieve_threshold_order_and_top_k():
     assert len(mem) == 5
 
 
-def test_ties_in_score_prefer_the_more_similar_entry():
-    mem = TipMemory()
-    mem.add("t", unit(1, 1), "less similar", 0.5)
-    mem.add("t", unit(1, 0), "more similar", 0.5)
-    assert mem.retrieve("t", unit(1, 0)) == ["more similar", "less similar"]
+def test_ties_in_score_prefer_the_newest_entry():
+    """Before any success every tip scores 0: the newest must come first, not the untrained policy's
+    oldest tips for the whole run (nor the most similar one)."""
+    mem = TipMemory(top_k=2)
+    mem.add("t", unit(1, 0), "oldest, most similar", 0.0)
+    mem.add("t", unit(1, 1), "middle", 0.0)
+    mem.add("t", unit(1, 1), "newest", 0.0)
+    assert mem.retrieve("t", unit(1, 0)) == ["newest", "middle"]
+    mem.add("t", unit(1, 1), "a success", 1.0)
+    assert mem.retrieve("t", unit(1, 0)) == ["a success", "newest"]
 
 
 def test_duplicates_stored_once_and_capacity_drops_oldest():

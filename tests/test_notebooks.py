@@ -49,7 +49,7 @@ def my_tokens(segments, with_tips=True):  # wrong: always keeps the tips
 def my_retrieve(keys, tips, scores, query, threshold=0.5, top_k=10):
     sims = keys @ query
     hits = [i for i in range(len(tips)) if sims[i] > threshold]
-    hits.sort(key=lambda i: (-scores[i], -sims[i]))
+    hits.sort(key=lambda i: (-scores[i], -i))
     return [tips[i] for i in hits[:top_k]]
 ''', '''
 def my_retrieve(keys, tips, scores, query, threshold=0.5, top_k=10):  # wrong: orders by similarity

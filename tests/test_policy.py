@@ -106,3 +106,42 @@ def test_sample_tokens_draws_from_the_tempered_softmax():
         assert ((freq - probs).abs() <= 5 * sigma + 1e-12).all(), (row, freq, probs)
         assert freq[probs == 0].sum() == 0  # a -inf logit is never drawn
     assert sample_tokens(logits, 0).tolist() == [0, 3]
+
+
+def test_shared_prefix_gives_the_log_probs_and_gradients_of_separate_passes(tiny_policy):
+    """Scoring trajectories that start alike through one SharedPrefix must give exactly the log-probs
+    and the LoRA gradient that one full forward and backward pass per trajectory gives."""
+    from policy import SharedPrefix
+    randomise_lora(tiny_policy, seed=3)
+    enc = tiny_policy.encode
+    start = enc("System: you play a game. Example: go north. Task: find the red key.")
+    sequences = []
+    for k, tail in enumerate([" go east then", " open the door and", " look"]):
+        ids = start + enc(tail) + enc(" take key") + enc(" Nothing happens.") + enc(" look around")
+        mask = [False] * len(start + enc(tail)) + [True] * len(enc(" take key")) + [False] * len(enc(" Nothing happens."))
+        mask += [k != 1] * len(enc(" look around"))
+        sequences.append((ids, mask))
+    weights = [0.7, -1.3, 2.0]
+    params = tiny_policy.lora_parameters()
+
+    def run(shared: bool):
+        for p in params:
+            p.grad = None
+        prefix = SharedPrefix(tiny_policy, sequences) if shared else None
+        logps = []
+        for (ids, mask), w in zip(sequences, weights):
+            logp, _ = tiny_policy.score(ids, mask, prefix=prefix)
+            (w * logp.sum()).backward()
+            logps.append(logp.detach())
+        if shared:
+            assert prefix.length == len(start) and prefix.leaves[0][0].grad is not None
+            prefix.backward()
+        return logps, [p.grad.clone() for p in params]
+
+    plain_logps, plain_grads = run(False)
+    shared_logps, shared_grads = run(True)
+    for a, b in zip(plain_logps, shared_logps):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert sum(float(g.abs().sum()) for g in plain_grads) > 0
+    for a, b in zip(plain_grads, shared_grads):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)  # float32 summation order

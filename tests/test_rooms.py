@@ -29,7 +29,7 @@ def test_obvious_action_fails_and_exploring_wins():
 def test_oracle_solves_every_split_and_splits_are_disjoint():
     env = envs.make("rooms")
     splits = {s: envs.tasks("rooms", s) for s in ("train", "test", "ood")}
-    assert {s: len(t) for s, t in splits.items()} == {"train": 60, "test": 40, "ood": 30}
+    assert {s: len(t) for s, t in splits.items()} == {"train": 60, "test": 100, "ood": 30}
     sig = lambda t: (t.kind, t.color, t.decoy_color, t.start, t.target_room, t.side_rooms)  # noqa: E731
     assert not {sig(t) for t in splits["train"]} & {sig(t) for t in splits["test"]}
     assert not {t.kind for t in splits["train"]} & {t.kind for t in splits["ood"]}
@@ -63,3 +63,15 @@ def test_lenient_match_and_step_limit():
     assert env.step("look around")[2] is True
     with pytest.raises(TypeError, match="max_step"):
         envs.make("rooms", max_step=3)
+
+
+def test_every_observation_ends_with_its_valid_actions_and_the_walker_uses_them():
+    env, rng = envs.make("rooms"), __import__("random").Random(0)
+    walker = envs.demonstrator("rooms")
+    for task in envs.tasks("rooms", "test")[:10]:
+        obs, info = env.reset(task)
+        done = False
+        while not done:
+            assert envs.valid_actions_of(obs) == info["admissible_actions"]
+            obs, _, done, info = env.step(walker(obs, rng))
+            assert info["valid"]

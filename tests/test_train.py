@@ -29,7 +29,7 @@ def test_train_cli_end_to_end_with_the_default_model(tmp_path):
     """python train.py --env rooms --iterations 2 with the real default model (small groups, short episodes)."""
     cmd = [sys.executable, "train.py", "--env", "rooms", "--iterations", "2", "--tasks-per-iter", "1", "--group-size", "2",
            "--max-steps", "2", "--max-new-tokens", "12", "--tip-max-new-tokens", "12", "--eval-episodes", "1",
-           "--p", "1", "--out", str(tmp_path)]
+           "--p", "1", "--warm-start-episodes", "4", "--warm-start-epochs", "1", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "rooms-empo2-s0"
@@ -44,8 +44,10 @@ def test_train_cli_end_to_end_with_the_default_model(tmp_path):
     assert (run / "adapter" / "adapter_config.json").exists() and (run / "learning_curve.png").stat().st_size > 1000
     assert "tips written" in (run / "samples" / "iter_0001.txt").read_text()
     evals = json.loads((run / "eval.json").read_text())
-    assert set(evals) == {"untrained", "trained"} and len(evals["trained"]["episodes"]) == 1
-    assert "iter   1" in proc.stdout and "trained" in proc.stdout
+    assert set(evals) == {"untrained", "warm_start", "trained"} and len(evals["trained"]["episodes"]) == 1
+    assert evals["warm_start"]["demonstrator"]["episodes"] == 4
+    assert json.loads((run / "warm_start.json").read_text())["key"]["episodes"] == 4
+    assert "iter   1" in proc.stdout and "warm start" in proc.stdout and "trained" in proc.stdout
     from peft import PeftConfig
     assert PeftConfig.from_pretrained(run / "adapter").r == 16
 
@@ -95,6 +97,9 @@ def test_a_small_task_pool_repeats_tasks_so_tips_are_retrieved(tmp_path, tiny_mo
                                 "--eval-episodes", "0")) == 0
     metrics = read_metrics(tmp_path / "pool")
     assert [m["episodes_with_tips"] for m in metrics] == [0, 4]
+    # a memory group whose episodes saw no tip is trained on-policy, and counted so
+    assert metrics[0]["modes/off_policy"] == 0 and metrics[0]["modes/on_policy_tips"] == 2
+    assert metrics[1]["modes/off_policy"] + metrics[1]["modes/on_policy_tips"] == 2
     assert json.loads((tmp_path / "pool" / "config.json").read_text())["train_tasks"] == 2
 
 
@@ -105,6 +110,10 @@ def test_a_small_task_pool_repeats_tasks_so_tips_are_retrieved(tmp_path, tiny_mo
     (["--env", "rooms", "--algo", "grpo", "--group-size", "1"], "--group-size must be at least 2"),
     (["--env", "rooms", "--algo", "ppo"], "--algo must be empo2 or grpo"),
     (["--env", "rooms", "--train-tasks", "1", "--tasks-per-iter", "2"], "is fewer than --tasks-per-iter"),
+    (["--env", "rooms", "--tasks-per-iter", "61"], "more than the 60 training tasks of rooms"),
+    (["--env", "rooms", "--warm-start", "maybe"], "--warm-start must be auto, on or off"),
+    (["--env", "scienceworld", "--warm-start", "on"], "scienceworld has no scripted demonstrator"),
+    (["--env", "rooms", "--iterations", "-1"], "--iterations must be at least 0"),
 ])
 def test_bad_flags_are_argparse_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

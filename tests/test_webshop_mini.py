@@ -401,3 +401,49 @@ def test_steps_per_second():
     rate = n / (time.perf_counter() - start)
     print(f"webshop-mini: {rate:.0f} steps/s")
     assert rate > 1000
+
+
+# --- an interface a small model can use ---------------------------------------------------------
+def test_every_page_ends_with_its_valid_actions():
+    """Search, results, item and sub-pages all end with "Valid actions: ...", exactly the admissible ones."""
+    env = envs.make("webshop-mini", "test", seed=1)
+    rng = random.Random(1)
+    pages = set()
+    for task in envs.tasks("webshop-mini", "test")[:25]:
+        obs, info = env.reset(task)
+        done = False
+        while not done:
+            pages.add(info["page"])
+            assert envs.valid_actions_of(obs) == info["admissible_actions"], obs
+            assert obs.splitlines()[-1].startswith("Valid actions: ")
+            acts = info["admissible_actions"]
+            obs, _, done, info = env.step("search[" + task.instruction[:40] + "]" if acts == [SEARCH_FORM] else rng.choice(acts))
+    assert {"search", "results", "item", "description", "features", "reviews"} <= pages
+
+
+def test_near_miss_clicks_and_cut_off_searches_are_understood():
+    env = envs.make("webshop-mini", "test")
+    env.reset(envs.tasks("webshop-mini", "test")[3])
+    obs, _, _, info = env.step("search[long lasting paraben free lipstick")    # the closing bracket was cut off
+    assert info["valid"] and info["page"] == "results"
+    products = [a for a in info["admissible_actions"] if a.startswith("click[b0")]
+    target = products[2][6:-1]
+    obs, _, _, info = env.step(f"click[{target[:-1]}]")                       # one character short
+    assert info["valid"] and info["page"] == "item" and env.asin.lower() == target
+    value = next(v for vs in env.catalog.by_asin[env.asin]["options"].values() for v in vs if len(v) >= 5)
+    obs, _, _, info = env.step(f"click[{value[:-1]}]")
+    assert info["valid"] and value in env.options.values()
+    for far in ("click[b000000000]", "click[by]", "click[description of the item]"):
+        obs, _, _, info = env.step(far)
+        assert not info["valid"] and obs.startswith("Invalid action on the item page") and far not in obs
+
+
+def test_the_example_episode_is_a_whole_valid_episode():
+    """The example turns search, open a product, click an option and buy, each action listed as valid
+    on its page, in the format of real pages."""
+    demo = envs.make("webshop-mini").demo
+    assert [a.split("[")[0] for _, a in demo] == ["search", "click", "click", "click"] and demo[-1][1] == "click[buy now]"
+    for page, action in demo:
+        valid = envs.valid_actions_of(page)
+        assert action in valid or (valid == [SEARCH_FORM] and action.startswith("search["))
+        assert page.startswith("Instruction: ")

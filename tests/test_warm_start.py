@@ -1,0 +1,146 @@
+"""The warm start: demonstrators that see only what the agent sees, and the adapter cache."""
+import copy
+import json
+import random
+
+import pytest
+import torch
+
+import envs
+import warm_start
+from empo2 import Config, rollout
+from envs.webshop_mini import get_catalog
+
+
+def play(name, split, n, seed=0):
+    demo, env = envs.demonstrator(name), envs.make(name, split)
+    rng, runs = random.Random(seed), []
+    for task in envs.tasks(name, split)[:n]:
+        obs, info = env.reset(task)
+        actions, done = [], False
+        while not done:
+            actions.append(demo(obs, rng))
+            obs, reward, done, info = env.step(actions[-1])
+            assert info["valid"], (actions[-1], obs)
+        runs.append((actions, info["score"]))
+    return runs
+
+
+def test_webshop_demonstrator_never_reads_the_goal(monkeypatch):
+    """Scramble every hidden field of every goal (target product, options, attributes): the
+    demonstrator's actions must not change, since it sees only the observation."""
+    plain = play("webshop-mini", "test", 30)
+    catalog = get_catalog()
+    scrambled = copy.deepcopy(catalog.goals)
+    rng = random.Random(1)
+    asins = [p["asin"] for p in catalog.products]
+    for g in scrambled:
+        g.update(asin=rng.choice(asins), goal_options=["nonexistent option"], attributes=["nothing"], name="x", query="y")
+    monkeypatch.setattr(catalog, "goals", scrambled)
+    again = play("webshop-mini", "test", 30)
+    assert [a for a, _ in again] == [a for a, _ in plain]
+    assert [s for _, s in again] != [s for _, s in plain]   # the reward did read the scrambled goals
+    # it searches the instruction without the price clause, opens the first result, picks options, buys
+    actions = plain[0][0]
+    assert actions[0].startswith("search[") and "price" not in actions[0] and actions[-1] == "click[buy now]"
+
+
+def test_demonstrations_touch_only_the_agents_interface(tiny_policy):
+    """demonstration() may use what the agent's loop uses (reset, step, the example turns), nothing else."""
+    touched = set()
+
+    class Guarded:
+        def __init__(self, env):
+            object.__setattr__(self, "_env", env)
+
+        def __getattr__(self, name):
+            touched.add(name)
+            return getattr(self._env, name)
+    for name in ("rooms", "webshop-mini"):
+        env = envs.make(name, "train")
+        tr = warm_start.demonstration(tiny_policy, Guarded(env), envs.tasks(name, "train")[0], envs.demonstrator(name),
+                                      random.Random(0), use_demo=True)
+        assert tr.transcript and all(s["valid"] for s in tr.transcript)
+    assert touched <= {"reset", "step", "demo"}, touched
+
+
+def test_demonstration_segments_are_what_rollout_builds(tiny_policy):
+    """Replaying a demonstration's actions through the policy's own loop must give the same tokens."""
+    env = envs.make("rooms", "train")
+    task = envs.tasks("rooms", "train")[3]
+    tr = warm_start.demonstration(tiny_policy, env, task, envs.demonstrator("rooms"), random.Random(0), use_demo=True)
+    actions = iter(ids for kind, ids in tr.segments if kind == "action")
+
+    class Scripted:  # a decoder that "samples" the demonstrator's tokens
+        def __init__(self, policy):
+            pass
+
+        def generate(self, prompts, keys, *a, **k):
+            return [next(actions) for _ in prompts]
+    import empo2
+    original = empo2.Lockstep
+    empo2.Lockstep = Scripted
+    try:
+        replay = rollout(tiny_policy, [env], [task], [("plain", "on-policy")], Config(env="rooms", demo="on"))[0]
+    finally:
+        empo2.Lockstep = original
+    assert replay.segments == tr.segments and replay.rewards == tr.rewards
+
+
+def lora_state(policy):
+    return {k: v.detach().clone() for k, v in policy.model.state_dict().items() if "lora_" in k}
+
+
+def test_warm_start_is_cached_reused_and_rebuilt_when_broken(tiny_model_dir, capsys):
+    from policy import load_policy
+    cfg = Config(env="rooms", model=tiny_model_dir, dtype="float32", warm_start="on", warm_start_episodes=2,
+                 warm_start_epochs=1, warm_start_batch=2, lora_r=4, lora_alpha=8, max_steps=3)
+
+    def fresh():
+        torch.manual_seed(0)
+        return load_policy(tiny_model_dir, dtype="float32", device="cpu", lora_r=4, lora_alpha=8)
+    first = fresh()
+    untrained = lora_state(first)
+    built = warm_start.warm_start(first, cfg)
+    trained = lora_state(first)
+    assert not built["cached"] and built["demonstrator"]["episodes"] == 2 and len(built["losses"]) == 1
+    assert any(not torch.equal(untrained[k], trained[k]) for k in trained)
+
+    second = fresh()
+    reused = warm_start.warm_start(second, cfg)
+    assert reused["cached"] and reused["folder"] == built["folder"]
+    assert all(torch.equal(v, trained[k]) for k, v in lora_state(second).items())
+
+    # other settings: another entry, built anew
+    other = warm_start.warm_start(fresh(), Config(**{**cfg.__dict__, "warm_start_episodes": 3}))
+    assert not other["cached"] and other["folder"] != built["folder"]
+
+    # a corrupt adapter file is rebuilt, never half-used
+    folder = warm_start.cache_folder(warm_start.cache_key(second, cfg))
+    weights = folder / "adapter" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:500])
+    capsys.readouterr()
+    third = fresh()
+    rebuilt = warm_start.warm_start(third, cfg)
+    assert not rebuilt["cached"] and "unreadable" in capsys.readouterr().out
+    assert all(torch.equal(v, trained[k]) for k, v in lora_state(third).items())   # same seed, same result
+
+    # an entry made for another model (its key says so) is not used
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["key"]["model"] = "someone/else"
+    (folder / "meta.json").write_text(json.dumps(meta))
+    assert not warm_start.warm_start(fresh(), cfg)["cached"]
+    assert "other settings" in capsys.readouterr().out
+
+
+def test_warm_start_is_on_by_default_only_for_the_default_model():
+    assert Config().uses_warm_start and not Config().shows_demo   # the warm start replaces the example turns
+    assert not Config(model="Qwen/Qwen2.5-1.5B-Instruct").uses_warm_start
+    assert Config(model="Qwen/Qwen2.5-1.5B-Instruct").shows_demo
+    assert Config(model="Qwen/Qwen2.5-1.5B-Instruct", warm_start="on").uses_warm_start
+    assert not Config(warm_start="off").uses_warm_start and Config(warm_start="off").shows_demo
+    assert Config(demo="on").shows_demo and not Config(demo="off", warm_start="off").shows_demo
+    assert not Config(env="scienceworld").uses_warm_start and Config(env="scienceworld").shows_demo
+    assert all(envs.demonstrator(n) for n in envs.WITH_DEMONSTRATOR) and envs.demonstrator("scienceworld") is None
+    with pytest.raises(ValueError, match="no scripted demonstrator"):
+        warm_start.demonstrations(None, Config(env="scienceworld", warm_start="on"))
