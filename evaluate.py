@@ -44,44 +44,40 @@ import numpy as np
 import torch
 
 import envs
-from empo2 import (MEMORY, NO_UPDATE, Config, episode_record, episode_stats, eval_subset, evaluate_policy, json_safe, mean_ci95, reflect,
+from empo2 import (MEMORY, NO_UPDATE, Config, add_config_flags, episode_record, episode_stats, eval_subset, evaluate_policy, json_safe, mean_ci95, reflect,
                    rollout, store_tips)
 from memory import Embedder, TipMemory, write_atomically
-from train import env_kwargs
 
 SPLITS = ("test", "ood")
+STAGES = ("untrained", "warm_start", "trained")   # train.py's eval.json: held-out evaluations of a run
 POLICY_CACHE: dict = {}     # one (key -> Policy) entry: in-process callers (tests, notebooks) load a model once
 EMBEDDER_CACHE: dict = {}
 SEED_ONLY_FIELDS = ("seed", "name", "out", "resume")  # runs that differ only in these are seeds of one experiment
+# Config fields evaluate.py takes as flags; without --run the defaults are Config's (untrained model)
+RUN_SETTINGS = ("env", "model", "dtype", "device", "seed", "eval_temperature", "max_steps", "max_new_tokens",
+                "tip_max_new_tokens", "task_names", "demo")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default=None, help="a run folder written by train.py (omit, or 'none': the untrained model)")
-    p.add_argument("--env", choices=envs.ENV_NAMES, default=None, help="environment (default: the run's)")
     p.add_argument("--split", choices=SPLITS, default="test", help="test: unseen instances; ood: unseen kinds of task")
     p.add_argument("--memory", choices=("off", "on"), default="off", help="on: the adaptation test (tips, no weight update)")
     p.add_argument("--trials", type=int, default=None, help="trials per task (default: 1 with --memory off, 3 with on)")
-    p.add_argument("--episodes", type=int, default=8, help="N tasks spread evenly over the split, the same as train.py evaluates (default: 8)")
+    p.add_argument("--episodes", type=int, default=Config.eval_episodes, help=f"N tasks spread evenly over the split, the same as train.py evaluates (default: {Config.eval_episodes})")
     p.add_argument("--out", default=None, help="eval: the JSON file (default RUN/eval_SPLIT_MEMORY.json); "
                                                "--compare: the markdown file (default compare.md; the PNG goes next to it)")
     p.add_argument("--compare", nargs="+", metavar="RUN", default=None, help="put these run folders side by side")
     p.add_argument("--metric", default="reward_ext", help="--compare: metrics.jsonl key of the learning curves")
-    p.add_argument("--model", default=None, help="base model (default: the run's, else 'default')")
-    p.add_argument("--dtype", default=None, help="auto, float32 or bfloat16 (default: the run's)")
-    p.add_argument("--device", default=None, help="auto, cpu or cuda (default: the run's)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: the run's)")
-    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: Config.eval_temperature, 0.4)")
-    p.add_argument("--max-steps", type=int, default=None, help="episode step limit; 0 = the env's (default: the run's)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per action (default: the run's)")
-    p.add_argument("--tip-max-new-tokens", type=int, default=None, help="tokens per tip (default: the run's)")
-    p.add_argument("--task-names", default=None, help="scienceworld: comma-separated task names (default: the run's)")
+    add_config_flags(p, RUN_SETTINGS, keep_run_settings=True)   # the run's settings, overridden where given
     p.add_argument("--batch-size", type=int, default=8, help="episodes played in lockstep (one env each)")
     args = p.parse_args(argv)
     if args.compare is not None:
         if args.run is not None:
             p.error("--compare takes run folders itself; drop --run")
         return p, args
+    if args.env is not None and args.env not in envs.ENV_NAMES:
+        p.error(f"unknown --env {args.env!r}; valid environments: {', '.join(envs.ENV_NAMES)}")
     for name in ("episodes", "batch_size", "max_new_tokens", "tip_max_new_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -89,8 +85,8 @@ def parse_args(argv=None):
         args.trials = 3 if args.memory == "on" else 1
     if args.trials < 1 or (args.max_steps is not None and args.max_steps < 0):
         p.error("--trials must be at least 1 and --max-steps at least 0")
-    if args.temperature is not None and args.temperature < 0:
-        p.error("--temperature must be >= 0")
+    if args.eval_temperature is not None and args.eval_temperature < 0:
+        p.error("--eval-temperature must be >= 0")
     if args.run is not None and args.run.lower() == "none":
         args.run = None
     if args.run is None and args.env is None:
@@ -119,12 +115,14 @@ def build_config(parser, args) -> tuple[Config, Path | None]:
     run = Path(args.run) if args.run else None
     saved = check_run(parser, run) if run else {}
     cfg = Config(**{k: v for k, v in saved.items() if k in Config.field_names()})
-    overrides = {"env": args.env, "model": args.model, "dtype": args.dtype, "device": args.device, "seed": args.seed,
-                 "eval_temperature": args.temperature, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
-                 "tip_max_new_tokens": args.tip_max_new_tokens, "task_names": args.task_names}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None}, resume=False)
+    overrides = {name: getattr(args, name) for name in RUN_SETTINGS if getattr(args, name) is not None}
+    cfg = dataclasses.replace(cfg, **overrides, resume=False)
     if run is None:  # the untrained model: no warm start was loaded, so it gets the example turns (demo auto)
         cfg = dataclasses.replace(cfg, warm_start="off")
+    try:
+        cfg.check(task_lists=False)
+    except ValueError as e:
+        parser.error(str(e))
     # tips are written at the evaluation temperature as well (reflect samples at cfg.temperature)
     return dataclasses.replace(cfg, temperature=cfg.eval_temperature), run
 
@@ -183,7 +181,7 @@ def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, 
 def evaluate(parser, args) -> int:
     cfg, run = build_config(parser, args)
     memory_on = args.memory == "on"
-    make_kwargs, task_kwargs = env_kwargs(cfg)
+    make_kwargs, task_kwargs = envs.settings(cfg.env, cfg.max_steps, cfg.task_names)
     all_tasks = envs.tasks(cfg.env, args.split, **task_kwargs)
     tasks = eval_subset(all_tasks, args.episodes)
     if len(tasks) < args.episodes:
@@ -283,6 +281,7 @@ def read_run(parser, path: Path) -> dict:
     settings = any_eval.get("settings", {})
     return {"path": path, "name": (config or {}).get("name") or path.name, "config": config, "metrics": rows,
             "source": source, "main": main, "adaptation": adaptation,
+            "stages": {k: v for k, v in evals.get("eval.json", {}).items() if k in STAGES and "episodes" in v},
             "env": (config or settings).get("env", "?"), "algo": config["algo"] if config else "untrained",
             "seed": (config or settings).get("seed", "?")}
 
@@ -366,15 +365,19 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
         if len(multi) > 1 and episodes[0]:
             lines += ["", f"Held-out score of {group_label(multi[0])} relative to each other group "
                       "(two-level bootstrap over seeds and episodes, 95 % CI):", "",
-                      "| vs group | score ratio | score difference |", "|---|---|---|"]
-            for g, eps in zip(multi[1:], episodes[1:]):
+                      "| vs group | score ratio | score difference | success ratio | success difference (points) |",
+                      "|---|---|---|---|---|"]
+            wins = [[[100.0 * e["won"] for e in r["main"]["episodes"]] for r in g if r["main"]] for g in multi]
+            for g, eps, won in zip(multi[1:], episodes[1:], wins[1:]):
                 if not eps:
                     continue
-                rc = ratio_ci95(episodes[0], eps)
-                ratio = ("undefined (denominator scored 0)" if rc["ratio"] is None else f"{rc['ratio']:.2f} "
-                         + ("[CI undefined]" if rc["ratio_ci95"] is None else "[{:.2f}, {:.2f}]".format(*rc["ratio_ci95"])))
-                lines.append(f"| {group_label(g)} | {ratio} | {rc['difference']:+.1f} "
-                             "[{:+.1f}, {:+.1f}] |".format(*rc["difference_ci95"]))
+                cells = []
+                for rc in (ratio_ci95(episodes[0], eps), ratio_ci95(wins[0], won)):
+                    cells.append("undefined (denominator 0)" if rc["ratio"] is None else f"{rc['ratio']:.2f} "
+                                 + ("[CI undefined]" if rc["ratio_ci95"] is None else "[{:.2f}, {:.2f}]".format(*rc["ratio_ci95"])))
+                    cells.append("{:+.1f} [{:+.1f}, {:+.1f}]".format(rc["difference"], *rc["difference_ci95"]))
+                lines.append(f"| {group_label(g)} | " + " | ".join(cells) + " |")
+    lines += stages_table(multi)
     adapt = [(r, a) for r in runs for a in r["adaptation"]]
     if adapt:
         lines += ["", "Adaptation (memory on, no weight update):", "",
@@ -385,6 +388,38 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
             lines.append(f"| {r['name']} | {a['settings']['split']} | {len(t)} | {fmt_ci(t[0]['score'], t[0]['score_ci95'])} "
                          f"| {fmt_ci(t[-1]['score'], t[-1]['score_ci95'])} | {gain} |")
     return "\n".join(lines) + "\n"
+
+
+def stages_table(groups: list[list[dict]]) -> list[str]:
+    """Per group of seeds: untrained -> warm start -> trained on the held-out split (episodes pooled over
+    seeds, 95 % CI), and trained minus warm start with a two-level bootstrap CI (seeds, then episodes)."""
+    with_stages = [(g, [r for r in g if "trained" in r["stages"]]) for g in groups]
+    with_stages = [(g, runs) for g, runs in with_stages if runs]
+    if not with_stages:
+        return []
+    lines = ["", "Held-out test split, no memory, T = 0.4: the episodes of every run with train.py's eval.json, "
+             "pooled; mean ± 95 % CI:", "",
+             "| group | stage | runs | episodes | score | success % | valid actions % |", "|---|---|---|---|---|---|---|"]
+    diffs = []
+    for label, g in ((group_label(g), runs) for g, runs in with_stages):
+        for stage in STAGES:
+            eps = [e for r in g if stage in r["stages"] for e in r["stages"][stage]["episodes"]]
+            if eps:
+                st = episode_stats(eps)
+                lines.append(f"| {label} | {stage.replace('_', ' ')} | {sum(stage in r['stages'] for r in g)} | {len(eps)} "
+                             f"| {fmt_ci(st['score'], st['score_ci95'])} | {fmt_ci(st['success_rate'], st['success_ci95'])} "
+                             f"| {fmt_ci(st['valid_action_rate'], st['valid_ci95'])} |")
+        if all("warm_start" in r["stages"] for r in g):
+            runs = {k: [r["stages"][k]["episodes"] for r in g] for k in ("warm_start", "trained")}
+            score = ratio_ci95(*([[100 * e["reward"] for e in eps] for eps in runs[k]] for k in ("trained", "warm_start")))
+            success = ratio_ci95(*([[100.0 * e["won"] for e in eps] for eps in runs[k]] for k in ("trained", "warm_start")))
+            diffs.append(f"| {label} | {score['difference']:+.1f} [{score['difference_ci95'][0]:+.1f}, "
+                         f"{score['difference_ci95'][1]:+.1f}] | {success['difference']:+.1f} [{success['difference_ci95'][0]:+.1f}, "
+                         f"{success['difference_ci95'][1]:+.1f}] |")
+    if diffs:
+        lines += ["", "Trained minus warm start (two-level bootstrap over seeds and episodes, 95 % CI):", "",
+                  "| group | score difference | success difference (points) |", "|---|---|---|", *diffs]
+    return lines
 
 
 def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:

@@ -207,12 +207,22 @@ class Policy:
     def lora_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    @contextmanager
+    def sampling(self):
+        """The one way this project samples: a Lockstep sampler (one KV cache across calls) with the LoRA
+        update folded into the weights for as long as the context lasts.
+
+            with policy.sampling() as sampler:
+                actions = sampler.generate(prompts, episode_ids, max_new_tokens, temperature)
+        """
+        with self.merged_lora():
+            yield Lockstep(self)
+
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
                  stop_at_newline: bool = False) -> list[list[int]]:
         """One batched generation for all prompts; returns each row's new ids, cut after its stop."""
-        with self.merged_lora():
-            return Lockstep(self).generate(prompts, list(range(len(prompts))), max_new_tokens, temperature,
-                                           stop_at_newline)
+        with self.sampling() as sampler:
+            return sampler.generate(prompts, list(range(len(prompts))), max_new_tokens, temperature, stop_at_newline)
 
     @property
     def token_kinds(self) -> tuple[set, set, set]:
@@ -316,27 +326,28 @@ class Lockstep:
     Each call feeds only the tokens a row gained since the last call (the previous action's last token,
     the new observation), so a 15-step episode is not re-encoded 15 times. On the first call the
     prefix all rows share (system prompt, example exchange, and for a GRPO group the whole task) is
-    encoded once and copied. Rows are named by keys; a key missing from a later call drops out of the
-    cache (a finished episode). Padding of unequal rows leaves masked holes in the cache, never in
-    the rows' token ids, which are exactly the ones sampled.
+    encoded once and copied. Rows are named by episode ids; an id missing from a later call drops out of
+    the cache (a finished episode); cached_ids[row] are the tokens whose keys and values kv_cache holds.
+    Padding of unequal rows leaves masked holes in the cache, never in the rows' token ids, which are
+    exactly the ones sampled. Used through Policy.sampling().
     """
 
     def __init__(self, policy: "Policy"):
-        self.policy, self.keys, self.past, self.mask, self.fed = policy, [], None, None, []
+        self.policy, self.episode_ids, self.kv_cache, self.mask, self.cached_ids = policy, [], None, None, []
 
-    def _start(self, prompts: list[list[int]], keys: list):
+    def _start(self, prompts: list[list[int]], episode_ids: list):
         from transformers import DynamicCache
         shared = min(len(p) for p in prompts) - 1  # every row keeps >= 1 token of its own to feed
         for k in range(shared):
             if any(p[k] != prompts[0][k] for p in prompts):
                 shared = k
                 break
-        self.keys, self.past, self.fed = list(keys), DynamicCache(), [prompts[0][:shared]] * len(prompts)
+        self.episode_ids, self.kv_cache, self.cached_ids = list(episode_ids), DynamicCache(), [prompts[0][:shared]] * len(prompts)
         self.mask = torch.ones((len(prompts), shared), dtype=torch.long, device=self.policy.device)
         if shared:
             self.policy.model(input_ids=torch.tensor([prompts[0][:shared]], device=self.policy.device),
-                              past_key_values=self.past, use_cache=True, logits_to_keep=1)
-            self.past.batch_repeat_interleave(len(prompts))
+                              past_key_values=self.kv_cache, use_cache=True, logits_to_keep=1)
+            self.kv_cache.batch_repeat_interleave(len(prompts))
 
     def _forward(self, block: torch.Tensor, block_mask: torch.Tensor) -> torch.Tensor:
         """Append block (B, L) with its mask to the cache; returns next-token logits (B, V) in float32."""
@@ -356,26 +367,26 @@ class Lockstep:
         # makes the LM head's matmul copy its weight B times (measured: 0.95 of 1.6 s on CPU)
         last = torch.tensor([L - 1], device=block.device)
         out = self.policy.model(input_ids=block, attention_mask=attention, position_ids=positions,
-                                past_key_values=self.past, use_cache=True, logits_to_keep=last)
+                                past_key_values=self.kv_cache, use_cache=True, logits_to_keep=last)
         return out.logits[:, -1].float()
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], keys: list, max_new_tokens: int, temperature: float,
+    def generate(self, prompts: list[list[int]], episode_ids: list, max_new_tokens: int, temperature: float,
                  stop_at_newline: bool = False) -> list[list[int]]:
         """Sample a continuation of each prompt (temperature 0: greedy), stopping at an end-of-turn
         token or, with stop_at_newline, at the first newline after some text (an action is one line)."""
         if not prompts:
             return []
         policy, device = self.policy, self.policy.device
-        rows = [self.keys.index(k) if k in self.keys else -1 for k in keys]
-        if self.past is None or -1 in rows or any(
-                len(self.fed[r]) >= len(p) or p[:len(self.fed[r])] != self.fed[r] for r, p in zip(rows, prompts)):
-            self._start(prompts, keys)
+        rows = [self.episode_ids.index(k) if k in self.episode_ids else -1 for k in episode_ids]
+        if self.kv_cache is None or -1 in rows or any(
+                len(self.cached_ids[r]) >= len(p) or p[:len(self.cached_ids[r])] != self.cached_ids[r] for r, p in zip(rows, prompts)):
+            self._start(prompts, episode_ids)
             rows = list(range(len(prompts)))
-        if rows != list(range(len(self.keys))):  # finished episodes leave the batch
-            self.past.batch_select_indices(torch.tensor(rows, device=device))
-            self.mask, self.fed, self.keys = self.mask[rows], [self.fed[r] for r in rows], list(keys)
-        new = [p[len(f):] for p, f in zip(prompts, self.fed)]
+        if rows != list(range(len(self.episode_ids))):  # finished episodes leave the batch
+            self.kv_cache.batch_select_indices(torch.tensor(rows, device=device))
+            self.mask, self.cached_ids, self.episode_ids = self.mask[rows], [self.cached_ids[r] for r in rows], list(episode_ids)
+        new = [p[len(f):] for p, f in zip(prompts, self.cached_ids)]
         width, pad = max(len(s) for s in new), policy.tokenizer.pad_token_id
         block = torch.full((len(new), width), pad, dtype=torch.long)
         block_mask = torch.zeros((len(new), width), dtype=torch.long)
@@ -404,7 +415,7 @@ class Lockstep:
                 logits = self._forward(feed.to(device), live.long()[:, None].to(device))
         finally:
             policy.model.train(was_training)
-        self.fed = [p + o[:-1] for p, o in zip(prompts, out)]  # the last sampled token is not in the cache yet
+        self.cached_ids = [p + o[:-1] for p, o in zip(prompts, out)]  # the last sampled token is not in the cache yet
         return out
 
 

@@ -27,74 +27,23 @@ import numpy as np
 import torch
 
 import envs
-from empo2 import (MEMORY, PLAIN, Config, episode_returns, eval_subset, evaluate_policy, grpo_advantages, intrinsic_rewards, json_safe,
+from empo2 import (MEMORY, PLAIN, Config, add_config_flags, episode_returns, eval_subset, evaluate_policy, grpo_advantages, intrinsic_rewards, json_safe,
                    reflect, rollout, sample_modes, store_tips, update_policy)
 from memory import Embedder, NoveltyCounter, TipMemory, write_atomically
 from warm_start import warm_start
 
 
 def parse_args(argv=None) -> Config:
-    """Command-line flags are the Config fields (tasks_per_iter -> --tasks-per-iter)."""
+    """Command-line flags are the Config fields (tasks_per_iter -> --tasks-per-iter); Config.check
+    rejects bad settings before any work is done."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):  # --demo / --no-demo for flags that default to on
-            action = argparse.BooleanOptionalAction if f.default else "store_true"
-            parser.add_argument(flag, action=action, default=f.default, help=f.metadata.get("help"))
-        else:
-            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            parser.add_argument(flag, type=kind, default=f.default, help=f"{f.metadata.get('help')} (default: {f.default})")
-    args = parser.parse_args(argv)
-    if args.env not in envs.ENV_NAMES:
-        parser.error(f"unknown --env {args.env!r}; valid environments: {', '.join(envs.ENV_NAMES)}")
-    if args.algo not in ("empo2", "grpo"):
-        parser.error("--algo must be empo2 or grpo")
-    for name in ("p", "q"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            parser.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
-    if args.group_size < 2:
-        parser.error("--group-size must be at least 2: GRPO compares rollouts within a group")
-    if args.iterations < 0:
-        parser.error("--iterations must be at least 0 (0: the warm start alone)")
-    for name in ("tasks_per_iter", "max_new_tokens", "tip_max_new_tokens", "tip_block_tokens"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.train_tasks and args.train_tasks < args.tasks_per_iter:
-        parser.error(f"--train-tasks {args.train_tasks} is fewer than --tasks-per-iter {args.tasks_per_iter}")
-    if args.intrinsic_coef < 0 or args.lr <= 0 or args.eval_episodes < 0 or args.max_steps < 0:
-        parser.error("--intrinsic-coef, --eval-episodes and --max-steps must be >= 0, --lr > 0")
-    for name in ("warm_start", "demo"):
-        if getattr(args, name) not in ("auto", "on", "off"):
-            parser.error(f"--{name.replace('_', '-')} must be auto, on or off")
-    if min(args.warm_start_episodes, args.warm_start_epochs, args.warm_start_batch) < 1 or args.warm_start_lr <= 0:
-        parser.error("--warm-start-episodes, --warm-start-epochs and --warm-start-batch must be at least 1, "
-                     "--warm-start-lr > 0")
-    if args.warm_start == "on" and envs.demonstrator(args.env) is None:
-        parser.error(f"--warm-start on: {args.env} has no scripted demonstrator")
-    if args.no_off_policy and args.no_memory_on_policy:
-        parser.error("--no-off-policy and --no-memory-on-policy together leave memory groups no update")
-    if args.resume:
-        return Config(**vars(args))  # the run's own config.json is checked when it is read
-    # settings that depend on the environment's task lists, checked before any work is done
+    add_config_flags(parser)
+    cfg = Config(**vars(parser.parse_args(argv)))
     try:
-        make_kwargs, task_kwargs = env_kwargs(Config(**vars(args)))
-        n_train = len(envs.tasks(args.env, "train", **task_kwargs))
-    except (ValueError, TypeError) as e:
+        cfg.check(task_lists=not cfg.resume)   # a resumed run's own config.json was checked when it started
+    except ValueError as e:
         parser.error(str(e))
-    pool = min(args.train_tasks, n_train) if args.train_tasks else n_train
-    if args.tasks_per_iter > pool:
-        parser.error(f"--tasks-per-iter {args.tasks_per_iter} is more than the {pool} training tasks "
-                     f"{'in the --train-tasks pool' if args.train_tasks else 'of ' + args.env}; an iteration draws "
-                     f"distinct tasks, so use at most {pool}")
-    return Config(**vars(args))
-
-
-def env_kwargs(cfg: Config) -> tuple[dict, dict]:
-    """(kwargs of envs.make, kwargs of envs.tasks) for this config."""
-    kwargs = {"max_steps": cfg.max_steps} if cfg.max_steps else {}
-    if cfg.env == "scienceworld" and cfg.task_names:
-        return kwargs, {"task_names": cfg.task_names.split(",")}
-    return kwargs, {}
+    return cfg
 
 
 def rng_state(rng: np.random.Generator) -> dict:
@@ -260,84 +209,121 @@ def save_adapter(run: Path, policy) -> None:
     tmp.replace(run / "adapter")
 
 
-def main(argv=None) -> int:
-    cfg = parse_args(argv)
-    name = cfg.name or f"{cfg.env}-{cfg.algo}-s{cfg.seed}"
-    run = Path(cfg.out) / name
+def open_run(cfg: Config) -> tuple[Config, Path]:
+    """The run folder and its config.json; with --resume the saved config (only --iterations may change)."""
+    run = Path(cfg.out) / (cfg.name or f"{cfg.env}-{cfg.algo}-s{cfg.seed}")
     if cfg.resume:
         saved = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else None
         if saved is None:
             sys.exit(f"--resume: {run} has no config.json; nothing to resume")
-        saved.update(resume=True, iterations=cfg.iterations)  # the only settings a resume may change
+        saved.update(resume=True, iterations=cfg.iterations)
         cfg = Config(**saved)
     elif (run / "checkpoint.pt").exists():
         sys.exit(f"{run} already holds a run: pass --resume to continue it, or --name for a new one")
     run.mkdir(parents=True, exist_ok=True)
     write_atomically(run / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
+    return cfg, run
 
-    from policy import load_policy
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    make_kwargs, task_kwargs = env_kwargs(cfg)
+
+def task_lists(cfg: Config) -> tuple[list, list]:
+    """(training tasks, held-out evaluation tasks): --train-tasks spread over the train split; --eval-episodes
+    spread over the test split, cycled through when the split is smaller."""
+    make_kwargs, task_kwargs = envs.settings(cfg.env, cfg.max_steps, cfg.task_names)
     train_tasks = envs.tasks(cfg.env, "train", **task_kwargs)
     if cfg.train_tasks:
         train_tasks = eval_subset(train_tasks, cfg.train_tasks)
     test_tasks = envs.tasks(cfg.env, "test", **task_kwargs)
-    eval_tasks = eval_subset(test_tasks, cfg.eval_episodes)  # a split smaller than that: cycled through
+    eval_tasks = eval_subset(test_tasks, cfg.eval_episodes)
     eval_tasks += [test_tasks[k % len(test_tasks)] for k in range(len(eval_tasks), cfg.eval_episodes)]
-    n_episodes = cfg.tasks_per_iter * cfg.group_size
-    pool = [envs.make(cfg.env, split="train", seed=cfg.seed + i, **make_kwargs) for i in range(n_episodes)]
+    return train_tasks, eval_tasks
 
-    policy = load_policy(cfg.model, cfg.dtype, cfg.device, cfg.lora_r, cfg.lora_alpha)
-    memory = TipMemory(cfg.memory_threshold, cfg.memory_top_k, cfg.memory_capacity)
-    novelty = NoveltyCounter(cfg.novelty_threshold)
-    uses_memory = cfg.p > 0
-    embedder = Embedder(device=str(policy.device)) if (uses_memory or cfg.intrinsic_coef > 0) else None
+
+def resume_state(run: Path, cfg: Config, policy, rng, memory, novelty) -> tuple[int, dict, dict | None, list, TipMemory, NoveltyCounter]:
+    """(first iteration, evals, checkpoint, metrics rows, memory, novelty): where a run continues."""
     start, evals, ckpt = 0, {}, None
     if cfg.resume and (run / "checkpoint.pt").exists():
         ckpt = load_checkpoint(run, policy, rng)
         start, memory, novelty = ckpt["iteration"], ckpt["memory"], ckpt["novelty"]
         evals = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else {}
         print(f"resumed {run} at iteration {start}")
-    metrics_path = run / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    path = run / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     rows = [r for r in rows if r["iteration"] < start]  # drop lines of an iteration that did not checkpoint
-    write_atomically(metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
+    return start, evals, ckpt, rows, memory, novelty
 
+
+def starting_point(run: Path, cfg: Config, policy, pool, eval_tasks, evals: dict, start: int) -> None:
+    """The untrained model's held-out evaluation, then (first start only) the warm start and its evaluation."""
     if eval_tasks and "untrained" not in evals:  # with the example turns: without them it writes few valid actions
         evals["untrained"] = cached_evaluation(policy, pool, eval_tasks, dataclasses.replace(cfg, demo="on"), "untrained")
         write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
         print_eval("untrained", evals["untrained"], cfg)
-    if start == 0 and cfg.uses_warm_start:  # the common starting point of EMPO² and GRPO
-        ws = warm_start(policy, cfg, make_kwargs)
-        write_atomically(run / "warm_start.json", json.dumps(json_safe(ws), indent=1))
-        save_adapter(run, policy)  # evaluate.py --run can use it, even with --iterations 0
-        if eval_tasks and "warm_start" not in evals:
-            evals["warm_start"] = cached_evaluation(policy, pool, eval_tasks, cfg, Path(ws["folder"]).name)
-            evals["warm_start"]["demonstrator"] = ws["demonstrator"]
-            write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
-            print_eval("warm start", evals["warm_start"], cfg)
+    if start > 0 or not cfg.uses_warm_start:
+        return
+    ws = warm_start(policy, cfg, envs.settings(cfg.env, cfg.max_steps, cfg.task_names)[0])
+    write_atomically(run / "warm_start.json", json.dumps(json_safe(ws), indent=1))
+    save_adapter(run, policy)  # evaluate.py --run can use it, even with --iterations 0
+    if eval_tasks and "warm_start" not in evals:
+        evals["warm_start"] = cached_evaluation(policy, pool, eval_tasks, cfg, Path(ws["folder"]).name)
+        evals["warm_start"]["demonstrator"] = ws["demonstrator"]
+        write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
+        print_eval("warm start", evals["warm_start"], cfg)
+
+
+def final_evaluation(run: Path, cfg: Config, policy, pool, eval_tasks, evals: dict) -> None:
+    if eval_tasks and "trained" not in evals:
+        if cfg.iterations == 0 and "warm_start" in evals:  # no iteration: the same weights, seed and tasks
+            evals["trained"] = {**evals["warm_start"], "cached": True}
+        else:
+            evals["trained"] = evaluate_policy(policy, pool, eval_tasks, cfg, desc="eval trained", seed=cfg.seed)
+        evals["trained"]["iterations"] = cfg.iterations
+        write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
+    for key, label in (("untrained", "untrained"), ("warm_start", "warm start"), ("trained", "trained")):
+        if key in evals:
+            print_eval(label, evals[key], cfg)
+
+
+def print_iteration(row: dict, memory) -> None:
+    print(f"iter {row['iteration']:3d} | return {row['reward']:.3f} (ext {row['reward_ext']:.3f}) | success "
+          f"{100 * row['success_rate']:.0f} % | no-signal groups {row['frac_reward_zero_std']:.2f} | "
+          f"valid {row['valid_action_rate']:.2f} | loss {row['loss']:+.4f} | ent {row['entropy']:.2f} | "
+          f"clip {row['clip_ratio']:.3f} | mem {len(memory)} | {row['time/iteration_s']:.0f}s", flush=True)
+
+
+def main(argv=None) -> int:
+    cfg, run = open_run(parse_args(argv))
+    from policy import load_policy
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    train_tasks, eval_tasks = task_lists(cfg)
+    make_kwargs = envs.settings(cfg.env, cfg.max_steps, cfg.task_names)[0]
+    pool = [envs.make(cfg.env, split="train", seed=cfg.seed + i, **make_kwargs)
+            for i in range(cfg.tasks_per_iter * cfg.group_size)]
+    policy = load_policy(cfg.model, cfg.dtype, cfg.device, cfg.lora_r, cfg.lora_alpha)
+    embedder = Embedder(device=str(policy.device)) if (cfg.p > 0 or cfg.intrinsic_coef > 0) else None
+    start, evals, ckpt, rows, memory, novelty = resume_state(
+        run, cfg, policy, rng, TipMemory(cfg.memory_threshold, cfg.memory_top_k, cfg.memory_capacity),
+        NoveltyCounter(cfg.novelty_threshold))
+    starting_point(run, cfg, policy, pool, eval_tasks, evals, start)
     optimizer = torch.optim.AdamW(policy.lora_parameters(), lr=cfg.lr, weight_decay=0.0)
     if ckpt is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
-
     try:
         for it in range(start, cfg.iterations):
             t0 = time.time()
             # steps 1-2: a batch of tasks, G rollouts each; rollout mode (and update mode) sampled per group
             batch = [train_tasks[k] for k in rng.choice(len(train_tasks), cfg.tasks_per_iter, replace=False)]
             modes = sample_modes(rng, cfg.tasks_per_iter, cfg.p, cfg.q)
-            ep_tasks = [t for t in batch for _ in range(cfg.group_size)]
-            ep_modes = [m for m in modes for _ in range(cfg.group_size)]
             groups = [g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
-            trajs = rollout(policy, pool, ep_tasks, ep_modes, cfg, groups=groups, memory=memory, embedder=embedder,
-                            temperature=cfg.temperature, desc=f"iter {it} rollout")
+            trajs = rollout(policy, pool, [batch[g] for g in groups], [modes[g] for g in groups], cfg, groups=groups,
+                            memory=memory, embedder=embedder, temperature=cfg.temperature, desc=f"iter {it} rollout")
             t_rollout = time.time() - t0
             # step 3: every episode that acted writes a tip (skipped when no rollout can read one, p = 0)
             acted, stored = [tr for tr in trajs if tr.rewards], 0
-            if uses_memory and acted:
+            if cfg.p > 0 and acted:
                 reflect(policy, acted, cfg)
                 stored = store_tips(memory, embedder, acted)
             t_reflect = time.time() - t0 - t_rollout
@@ -356,25 +342,12 @@ def main(argv=None) -> int:
                         "tokens_per_s": row["tokens_generated"] / max(t_rollout, 1e-9)})
             rows.append(row)
             save_iteration(run, rows, trajs, policy, optimizer, memory, novelty, rng, cfg)
-            print(f"iter {it:3d} | return {row['reward']:.3f} (ext {row['reward_ext']:.3f}) | success "
-                  f"{100 * row['success_rate']:.0f} % | no-signal groups {row['frac_reward_zero_std']:.2f} | "
-                  f"valid {row['valid_action_rate']:.2f} | loss {row['loss']:+.4f} | ent {row['entropy']:.2f} | "
-                  f"clip {row['clip_ratio']:.3f} | mem {len(memory)} | {row['time/iteration_s']:.0f}s", flush=True)
+            print_iteration(row, memory)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the last finished iteration is saved; continue with: "
-              f"python train.py --env {cfg.env} --name {name} --out {cfg.out} --resume", file=sys.stderr)
+              f"python train.py --env {cfg.env} --name {run.name} --out {cfg.out} --resume", file=sys.stderr)
         return 130
-
-    if eval_tasks and "trained" not in evals:
-        if cfg.iterations == 0 and "warm_start" in evals:  # no iteration: the same weights, seed and tasks
-            evals["trained"] = {**evals["warm_start"], "cached": True}
-        else:
-            evals["trained"] = evaluate_policy(policy, pool, eval_tasks, cfg, desc="eval trained", seed=cfg.seed)
-        evals["trained"]["iterations"] = cfg.iterations
-        write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
-    for key, label in (("untrained", "untrained"), ("warm_start", "warm start"), ("trained", "trained")):
-        if key in evals:
-            print_eval(label, evals[key], cfg)
+    final_evaluation(run, cfg, policy, pool, eval_tasks, evals)
     for env in pool:
         env.close()
     print(f"run saved in {run}")

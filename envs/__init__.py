@@ -50,6 +50,15 @@ def tasks(name: str, split: str, **kwargs) -> list[Task]:
     return _module(name).tasks(split, **kwargs)
 
 
+def settings(name: str, max_steps: int = 0, task_names: str = "") -> tuple[dict, dict]:
+    """(kwargs of make, kwargs of tasks) for a run's settings: max_steps 0 keeps the env's own limit;
+    task_names (comma-separated) picks scienceworld's tasks."""
+    make_kwargs = {"max_steps": max_steps} if max_steps else {}
+    if name == "scienceworld" and task_names:
+        return make_kwargs, {"task_names": task_names.split(",")}
+    return make_kwargs, {}
+
+
 def demonstrator(name: str):
     """The env's scripted demonstrator for the behaviour-cloning warm start (warm_start.py):
     a function (observation, random.Random) -> action that reads nothing but the observation the

@@ -162,6 +162,9 @@ def test_prompt_limit_truncates_and_reflection_still_works(tiny_policy, embedder
         lengths = np.cumsum([len(seg) for _, seg in tr.segments])
         prompts = [lengths[k - 1] for k, (kind, _) in enumerate(tr.segments) if kind == "action"]
         assert prompts and max(prompts) + cfg.max_new_tokens <= cfg.max_prompt_tokens
+    # a truncated episode's last state is counted once: one r_int per state it acted in, plus the one it was cut in
+    intrinsic_rewards(trajs, NoveltyCounter(0.9), HashEmbedder(), 0.1)
+    assert all(len(tr.intrinsic) == len(tr.states) == len(tr.transcript) + 1 for tr in trajs)
     tips = reflect(tiny_policy, trajs, cfg)
     assert len(tips) == 2 and all(tr.tip == tip and tip for tr, tip in zip(trajs, tips))
     memory = TipMemory()

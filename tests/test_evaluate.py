@@ -43,7 +43,7 @@ def run_dir(tmp_path_factory):
     argv = ["--env", "rooms", "--model", "default", "--dtype", "float32", "--device", "cpu", "--iterations", "1",
             "--tasks-per-iter", "2", "--group-size", "2", "--eval-episodes", "1", "--max-steps", "2",
             "--max-new-tokens", "8", "--tip-max-new-tokens", "4", "--lr", "1e-2", "--min-logp=-1e9",
-            "--out", str(out), "--name", "rooms-empo2-s0"]
+            "--warm-start-episodes", "2", "--warm-start-epochs", "1", "--out", str(out), "--name", "rooms-empo2-s0"]
     assert train.main(argv) == 0
     return out / "rooms-empo2-s0"
 
@@ -171,6 +171,9 @@ def test_compare_table_and_png(run_dir, eval_off, tmp_path):
     assert [[r["name"] for r in g] for g in groups] == [["rooms-empo2-s0", "rooms-empo2-s1"], ["rooms-grpo-s0"]]
     assert "| rooms-empo2 (2 seeds) | 0, 1 |" in md and "Adaptation" in md
     assert "relative to each other group" in md and "\n| rooms-grpo (2 seeds) | " in md  # EMPO2 vs GRPO row
+    # untrained -> warm start -> trained, pooled over the seeds that have all three
+    assert "| rooms-grpo (2 seeds) | warm start | 1 | 1 |" in md and "| rooms-grpo (2 seeds) | trained | 1 | 1 |" in md
+    assert "Trained minus warm start" in md and "success ratio" in md
     png = out.with_suffix(".png")
     assert png.stat().st_size > 5000 and png_width(png) == 1200   # two panels: curves and score vs trial
     assert not list(out.parent.glob("*.tmp"))

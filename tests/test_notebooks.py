@@ -148,7 +148,7 @@ def test_stored_without_outputs_and_well_formed(name):
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None, f"{name}: outputs not stripped"
     setup = tagged(nb, "setup")
-    assert setup is next(c for c in nb.cells if c.cell_type == "code") and "sys.path.insert" in setup.source
+    assert setup is next(c for c in nb.cells if c.cell_type == "code") and "from nbsetup import" in setup.source
     assert "NotImplementedError" in tagged(nb, "exercise-stub").source
     assert NOT_DONE in tagged(nb, "exercise-check").source
 

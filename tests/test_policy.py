@@ -24,7 +24,7 @@ def test_kv_cache_across_calls_gives_what_fresh_generation_gives(tiny_policy):
     assert first == Lockstep(tiny_policy).generate(prompts, [0, 1, 2], 6, temperature=0.0)
     grown = {0: prompts[0] + first[0] + enc(" Nothing happens. Look"), 2: prompts[2] + first[2] + enc(" ok")}
     second = kept.generate([grown[0], grown[2]], [0, 2], 6, temperature=0.0)  # episode 1 finished
-    assert kept.fed[0][:len(prompts[0])] == prompts[0] and len(kept.keys) == 2
+    assert kept.cached_ids[0][:len(prompts[0])] == prompts[0] and len(kept.episode_ids) == 2
     assert second == tiny_policy.generate([grown[0], grown[2]], 6, temperature=0.0)
     for row, key in enumerate([0, 2]):
         assert second[row] == tiny_policy.generate([grown[key]], 6, temperature=0.0)[0]
@@ -145,3 +145,15 @@ def test_shared_prefix_gives_the_log_probs_and_gradients_of_separate_passes(tiny
     assert sum(float(g.abs().sum()) for g in plain_grads) > 0
     for a, b in zip(plain_grads, shared_grads):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)  # float32 summation order
+
+
+def test_every_eos_id_of_the_generation_config_stops_sampling(tiny_model_dir):
+    """Qwen's generation config lists <|im_end|> and <|endoftext|>: both must stop an action."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from policy import Policy
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model.generation_config.eos_token_id = [7, 11]
+    policy = Policy(model, tokenizer)
+    assert {7, 11, tokenizer.eos_token_id, policy.end_of_turn_id} <= set(policy.stop_ids)

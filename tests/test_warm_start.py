@@ -1,4 +1,5 @@
 """The warm start: demonstrators that see only what the agent sees, and the adapter cache."""
+import contextlib
 import copy
 import json
 import random
@@ -64,26 +65,22 @@ def test_demonstrations_touch_only_the_agents_interface(tiny_policy):
     assert touched <= {"reset", "step", "demo"}, touched
 
 
-def test_demonstration_segments_are_what_rollout_builds(tiny_policy):
+def test_demonstration_segments_are_what_rollout_builds(tiny_policy, monkeypatch):
     """Replaying a demonstration's actions through the policy's own loop must give the same tokens."""
     env = envs.make("rooms", "train")
     task = envs.tasks("rooms", "train")[3]
     tr = warm_start.demonstration(tiny_policy, env, task, envs.demonstrator("rooms"), random.Random(0), use_demo=True)
     actions = iter(ids for kind, ids in tr.segments if kind == "action")
 
-    class Scripted:  # a decoder that "samples" the demonstrator's tokens
-        def __init__(self, policy):
-            pass
-
+    class Scripted:  # a sampler that "samples" the demonstrator's tokens
         def generate(self, prompts, keys, *a, **k):
             return [next(actions) for _ in prompts]
-    import empo2
-    original = empo2.Lockstep
-    empo2.Lockstep = Scripted
-    try:
-        replay = rollout(tiny_policy, [env], [task], [("plain", "on-policy")], Config(env="rooms", demo="on"))[0]
-    finally:
-        empo2.Lockstep = original
+
+    @contextlib.contextmanager
+    def scripted_sampling():
+        yield Scripted()
+    monkeypatch.setattr(tiny_policy, "sampling", scripted_sampling)
+    replay = rollout(tiny_policy, [env], [task], [("plain", "on-policy")], Config(env="rooms", demo="on"))[0]
     assert replay.segments == tr.segments and replay.rewards == tr.rewards
 
 
