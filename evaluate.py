@@ -360,24 +360,24 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
             lines.append(f"| {group_label(g)} | {', '.join(str(r['seed']) for r in g)} "
                          f"| {fmt_ci(*mean_ci95([m['score'] for m in scored])) if scored else '–'} "
                          f"| {fmt_ci(*mean_ci95([m['success_rate'] for m in scored])) if scored else '–'} |")
-        # per group: each seed's per-episode held-out scores
-        episodes = [[[100 * e["reward"] for e in r["main"]["episodes"]] for r in g if r["main"]] for g in multi]
-        if len(multi) > 1 and episodes[0]:
-            lines += ["", f"Held-out score of {group_label(multi[0])} relative to each other group "
-                      "(two-level bootstrap over seeds and episodes, 95 % CI):", "",
-                      "| vs group | score ratio | score difference | success ratio | success difference (points) |",
-                      "|---|---|---|---|---|"]
-            wins = [[[100.0 * e["won"] for e in r["main"]["episodes"]] for r in g if r["main"]] for g in multi]
-            for g, eps, won in zip(multi[1:], episodes[1:], wins[1:]):
-                if not eps:
-                    continue
-                cells = []
-                for rc in (ratio_ci95(episodes[0], eps), ratio_ci95(wins[0], won)):
-                    cells.append("undefined (denominator 0)" if rc["ratio"] is None else f"{rc['ratio']:.2f} "
-                                 + ("[CI undefined]" if rc["ratio_ci95"] is None else "[{:.2f}, {:.2f}]".format(*rc["ratio_ci95"])))
-                    cells.append("{:+.1f} [{:+.1f}, {:+.1f}]".format(rc["difference"], *rc["difference_ci95"]))
-                lines.append(f"| {group_label(g)} | " + " | ".join(cells) + " |")
-    lines += stages_table(multi)
+    # per group (one seed is a group too): each seed's per-episode held-out scores
+    episodes = [[[100 * e["reward"] for e in r["main"]["episodes"]] for r in g if r["main"]] for g in groups]
+    if len(groups) > 1 and episodes[0]:
+        lines += ["", f"Held-out score of {group_label(groups[0])} relative to each other group "
+                  "(two-level bootstrap over seeds and episodes, 95 % CI; with one seed, over episodes only):", "",
+                  "| vs group | score ratio | score difference | success ratio | success difference (points) |",
+                  "|---|---|---|---|---|"]
+        wins = [[[100.0 * e["won"] for e in r["main"]["episodes"]] for r in g if r["main"]] for g in groups]
+        for g, eps, won in zip(groups[1:], episodes[1:], wins[1:]):
+            if not eps:
+                continue
+            cells = []
+            for rc in (ratio_ci95(episodes[0], eps), ratio_ci95(wins[0], won)):
+                cells.append("undefined (denominator 0)" if rc["ratio"] is None else f"{rc['ratio']:.2f} "
+                             + ("[CI undefined]" if rc["ratio_ci95"] is None else "[{:.2f}, {:.2f}]".format(*rc["ratio_ci95"])))
+                cells.append("{:+.1f} [{:+.1f}, {:+.1f}]".format(rc["difference"], *rc["difference_ci95"]))
+            lines.append(f"| {group_label(g)} | " + " | ".join(cells) + " |")
+    lines += stages_table(groups)
     adapt = [(r, a) for r in runs for a in r["adaptation"]]
     if adapt:
         lines += ["", "Adaptation (memory on, no weight update):", "",

@@ -174,6 +174,12 @@ def test_compare_table_and_png(run_dir, eval_off, tmp_path):
     # untrained -> warm start -> trained, pooled over the seeds that have all three
     assert "| rooms-grpo (2 seeds) | warm start | 1 | 1 |" in md and "| rooms-grpo (2 seeds) | trained | 1 | 1 |" in md
     assert "Trained minus warm start" in md and "success ratio" in md
+    # one seed per algorithm is still compared: the ratio row and the stages of groups of one
+    one = tmp_path / "cmp" / "one_seed.md"
+    assert evaluate.main(["--compare", str(a), str(d), "--out", str(one)]) == 0
+    md1 = one.read_text()
+    assert "\n| rooms-grpo-s1 | " in md1.split("relative to each other group")[1]
+    assert "| rooms-grpo-s1 | warm start | 1 | 1 |" in md1 and "Trained minus warm start" in md1
     png = out.with_suffix(".png")
     assert png.stat().st_size > 5000 and png_width(png) == 1200   # two panels: curves and score vs trial
     assert not list(out.parent.glob("*.tmp"))
