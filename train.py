@@ -30,7 +30,7 @@ import envs
 from empo2 import (MEMORY, PLAIN, Config, add_config_flags, episode_returns, eval_subset, evaluate_policy, grpo_advantages, intrinsic_rewards, json_safe,
                    reflect, rollout, sample_modes, store_tips, update_policy)
 from memory import Embedder, NoveltyCounter, TipMemory, write_atomically
-from warm_start import warm_start
+from warm_start import source_hash, warm_start
 
 
 def parse_args(argv=None) -> Config:
@@ -99,12 +99,10 @@ def cached_evaluation(policy, pool, tasks, cfg: Config, weights: str) -> dict:
     model, a cached warm start): the same weights, tasks, settings, seed and code give the same episodes,
     so EMPO² and GRPO runs of one seed evaluate their common start once."""
     import hashlib
-    import inspect
 
     import empo2
     import policy as policy_module
-    code = hashlib.sha256("".join(inspect.getsource(m) for m in (
-        envs, sys.modules[envs.make(cfg.env).__module__], empo2, policy_module)).encode()).hexdigest()[:16]
+    code = source_hash(envs, envs.module(cfg.env), empo2, policy_module)
     key = {"weights": weights, "model": cfg.model, "dtype": str(next(policy.model.parameters()).dtype), "env": cfg.env,
            "task_names": cfg.task_names, "tasks": [t.task_id for t in tasks], "seed": cfg.seed,
            **{k: getattr(cfg, k) for k in ("eval_temperature", "max_steps", "max_new_tokens", "max_prompt_tokens", "demo")},

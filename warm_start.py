@@ -116,7 +116,7 @@ def behaviour_clone(policy, trajs: list[Trajectory], cfg) -> list[float]:
 
 
 # ----------------------------------------------------------------------------------------
-def _source_hash(*objects) -> str:
+def source_hash(*objects) -> str:
     """A hash of the source code of modules and functions: an edit to any of them is a new warm start."""
     h = hashlib.sha256()
     for obj in objects:
@@ -126,8 +126,6 @@ def _source_hash(*objects) -> str:
 
 def cache_key(policy, cfg) -> dict:
     """Everything that shapes the warm-start adapter; a cache entry is used only if its key is equal."""
-    import sys
-    env_module = sys.modules[envs.demonstrator(cfg.env).__module__]
     chat = policy.chat
     demo = envs.make(cfg.env).demo if cfg.shows_demo else []
     prompt = json.dumps([chat.prefix, SYSTEM_PROMPT, chat.system_to_user, chat.user_to_assistant,
@@ -138,7 +136,7 @@ def cache_key(policy, cfg) -> dict:
             "episodes": cfg.warm_start_episodes, "epochs": cfg.warm_start_epochs, "lr": cfg.warm_start_lr,
             "batch": cfg.warm_start_batch, "seed": cfg.warm_start_seed, "lora_r": cfg.lora_r, "lora_alpha": cfg.lora_alpha,
             "max_grad_norm": cfg.max_grad_norm, "prompt": hashlib.sha256(prompt.encode()).hexdigest()[:16],
-            "code": _source_hash(env_module, demonstration, demonstrations, behaviour_clone)}
+            "code": source_hash(envs.module(cfg.env), demonstration, demonstrations, behaviour_clone)}
 
 
 def cache_folder(key: dict) -> Path:

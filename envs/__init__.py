@@ -34,7 +34,8 @@ class Task:
     instruction: str
 
 
-def _module(name: str):
+def module(name: str):
+    """The Python module that implements environment NAME (its source keys the caches)."""
     if name not in _MODULES:
         raise ValueError(f"unknown environment {name!r}; valid environments: {', '.join(ENV_NAMES)}")
     return importlib.import_module(_MODULES[name])
@@ -42,12 +43,12 @@ def _module(name: str):
 
 def make(name: str, split: str = "train", seed: int = 0, **kwargs):
     """A fresh environment instance; kwargs are environment-specific (e.g. max_steps, data_dir)."""
-    return _module(name).make(split=split, seed=seed, **kwargs)
+    return module(name).make(split=split, seed=seed, **kwargs)
 
 
 def tasks(name: str, split: str, **kwargs) -> list[Task]:
     """The task list of a split, in a fixed order."""
-    return _module(name).tasks(split, **kwargs)
+    return module(name).tasks(split, **kwargs)
 
 
 def settings(name: str, max_steps: int = 0, task_names: str = "") -> tuple[dict, dict]:
@@ -63,7 +64,7 @@ def demonstrator(name: str):
     """The env's scripted demonstrator for the behaviour-cloning warm start (warm_start.py):
     a function (observation, random.Random) -> action that reads nothing but the observation the
     agent itself sees. None where the env has none (scienceworld)."""
-    return getattr(_module(name), "demonstrator", None)
+    return getattr(module(name), "demonstrator", None)
 
 
 def valid_actions_of(obs: str) -> list[str]:
