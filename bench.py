@@ -1,9 +1,20 @@
-"""Speed where it counts, measured side by side in one run; prints one JSON object of ratios.
+"""Speed where it counts, measured side by side in one run; prints one JSON object.
 
-    python bench.py                 # the default model on CPU, ~3 minutes on 2 cores
+    python bench.py                     # the default model on CPU, ~6 minutes on 2 cores
+    python bench.py --no-iteration      # without the training iteration, ~2 minutes
 
+decode_vs_plain_32_rows            decode tokens/s of the project's sampler (Lockstep) vs a plain Hugging
+                                   Face forward with a DynamicCache, 32 rows at a ~300-token context
+                                   (target >= 5); decode tokens/s of both at 1, 8, 32 and 64 rows are
+                                   printed as decode_tok_s_{sampler,plain}_{rows}
+prefill_vs_plain                   tokens/s of the sampler's prefill (8 distinct 300-token prompts) vs a
+                                   plain forward over the same batch
+scoring_tok_s                      trained tokens/s of Policy.score, forward + backward, one ~1,100-token
+                                   trajectory (the update's unit of work)
+iteration_*                        one default training iteration (python train.py --env webshop-mini,
+                                   warm start when cached) in seconds: rollout, reflection, update
 rollout_batched_vs_sequential      tokens/s of 8 rooms episodes in lockstep (one generate call per
-                                   step) vs the same 8 episodes one after another     (target >= 4)
+                                   step) vs the same 8 episodes one after another
 scoring_single_pass_vs_per_turn    scoring the action tokens of a 10-turn trajectory in one forward
                                    pass vs re-encoding the prompt at every turn        (target >= 3)
 retrieval_vectorized_vs_loop       TipMemory.retrieve at 10,000 entries vs a per-entry Python loop
@@ -11,12 +22,14 @@ retrieval_vectorized_vs_loop       TipMemory.retrieve at 10,000 entries vs a per
 
 Also printed: rollout_decode_steps_one_by_one_vs_lockstep, the forward passes one-by-one decoding
 needs per lockstep decode step for the same tokens (a lockstep step lasts until its longest action
-is done): the most decoding could speed up even if 8 rows cost what 1 row costs.
+is done): the most the first ratio could reach even if 8 rows cost what 1 row costs.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 import time
 
 import numpy as np
@@ -93,10 +106,10 @@ def bench_scoring(policy, turns: int = 10, repeats: int = 3) -> dict:
 def retrieve_loop(memory: TipMemory, task_id: str, query: np.ndarray) -> list[str]:
     """The same semantics as TipMemory.retrieve, one entry at a time."""
     hits = []
-    for key, tip, score in zip(memory.keys[task_id], memory.tips[task_id], memory.scores[task_id]):
+    for index, (key, tip, score) in enumerate(zip(memory.keys[task_id], memory.tips[task_id], memory.scores[task_id])):
         sim = float(sum(float(k) * float(q) for k, q in zip(key, query)))
         if sim > memory.threshold:
-            hits.append((-score, -sim, tip))
+            hits.append((-score, -index, tip))   # highest score first, ties: newest first
     return [tip for _, _, tip in sorted(hits, key=lambda h: (h[0], h[1]))[:memory.top_k]]
 
 
@@ -120,6 +133,113 @@ def bench_retrieval(entries: int = 10_000, queries: int = 20) -> dict:
             "retrieval_vectorized_vs_loop": t_slow / t_fast}
 
 
+def plain_decode(policy, prompt: list[int], rows: int, steps: int) -> float:
+    """Seconds per decode step of a plain Hugging Face forward with a DynamicCache (no mask, all rows the
+    same length): the prompt encoded once and its cache copied to every row, then `steps` sampled tokens."""
+    from policy import sample_tokens
+    model = policy.model
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(rows)
+    token = sample_tokens(out.logits[:, -1].float().expand(rows, -1), 1.0)
+    t = time.perf_counter()
+    for _ in range(steps):
+        out = model(input_ids=token[:, None], past_key_values=cache, use_cache=True)
+        token = sample_tokens(out.logits[:, -1].float(), 1.0)
+    return (time.perf_counter() - t) / steps
+
+
+def sampler_decode(policy, prompt: list[int], rows: int, steps: int) -> float:
+    """Seconds per decode step of the project's sampler on the same context: a first call encodes the
+    prompt (shared by all rows), the timed call feeds each row its sampled token and decodes `steps`."""
+    with policy.sampling() as sampler:
+        first = sampler.generate([prompt] * rows, list(range(rows)), 1, temperature=1.0)
+        t = time.perf_counter()
+        sampler.generate([prompt + f for f in first], list(range(rows)), steps, temperature=1.0)
+        return (time.perf_counter() - t) / steps
+
+
+def bench_decode(policy, rows=(1, 8, 32, 64), context: int = 300, steps: int = 16) -> dict:
+    """Decode tokens/s at each batch size; no stop token, so every row decodes every step."""
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(100, len(policy.tokenizer), context).tolist()
+    stops, policy.stop_ids = policy.stop_ids, []
+    result = {}
+    try:
+        with torch.no_grad():
+            policy.model.eval()
+            for n in rows:
+                sampler_decode(policy, prompt, n, 2)  # warm-up
+                result[f"decode_tok_s_sampler_{n}"] = n / min(sampler_decode(policy, prompt, n, steps) for _ in range(2))
+                with policy.merged_lora():            # the plain forward gets the merged weights too
+                    plain_decode(policy, prompt, n, 2)
+                    result[f"decode_tok_s_plain_{n}"] = n / min(plain_decode(policy, prompt, n, steps) for _ in range(2))
+    finally:
+        policy.stop_ids = stops
+        policy.model.train()
+    if 32 in rows:
+        result["decode_vs_plain_32_rows"] = result["decode_tok_s_sampler_32"] / result["decode_tok_s_plain_32"]
+    return result
+
+
+def bench_prefill(policy, rows: int = 8, context: int = 300, repeats: int = 2) -> dict:
+    """Tokens/s of encoding a batch of distinct prompts (what a rollout step does with new observations)."""
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(100, len(policy.tokenizer), context).tolist() for _ in range(rows)]
+    t_sampler = t_plain = float("inf")
+    with torch.no_grad():
+        policy.model.eval()
+        for _ in range(repeats + 1):
+            with policy.sampling() as sampler:
+                t = time.perf_counter()
+                sampler.generate(prompts, list(range(rows)), 1, temperature=1.0)
+                t_sampler = min(t_sampler, time.perf_counter() - t)
+            with policy.merged_lora():
+                t = time.perf_counter()
+                policy.model(input_ids=torch.tensor(prompts), use_cache=True, logits_to_keep=1)
+                t_plain = min(t_plain, time.perf_counter() - t)
+    policy.model.train()
+    return {"prefill_tok_s_sampler": rows * context / t_sampler, "prefill_tok_s_plain": rows * context / t_plain,
+            "prefill_vs_plain": t_plain / t_sampler}
+
+
+def bench_score(policy, length: int = 1100, actions: int = 5, repeats: int = 2) -> dict:
+    """Trained tokens/s of Policy.score, forward + backward, on one webshop-mini-sized trajectory."""
+    rng = np.random.default_rng(2)
+    ids = rng.integers(100, len(policy.tokenizer), length).tolist()
+    mask = [False] * length
+    for k in range(actions):  # five 12-token actions, spread over the trajectory
+        start = (k + 1) * length // (actions + 1)
+        mask[start:start + 12] = [True] * 12
+    best = float("inf")
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        logp, _ = policy.score(ids, mask)
+        logp.sum().backward()
+        best = min(best, time.perf_counter() - t)
+    policy.model.zero_grad(set_to_none=True)
+    return {"scoring_tok_s": length / best}
+
+
+def bench_iteration(policy, env: str = "webshop-mini") -> dict:
+    """One training iteration of the main command's defaults, timed by train.py itself (metrics.jsonl);
+    the warm start is used when it is already cached (never built here: that alone takes minutes)."""
+    import tempfile
+    from pathlib import Path
+
+    import train
+    import warm_start
+    cfg = Config(env=env)
+    cached = warm_start.cache_folder(warm_start.cache_key(policy, cfg)).exists()
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON only
+        train.main(["--env", env, "--iterations", "1", "--eval-episodes", "0", "--out", out, "--name", "bench",
+                    "--warm-start", "auto" if cached else "off"])
+        row = json.loads((Path(out) / "bench" / "metrics.jsonl").read_text().splitlines()[-1])
+    return {"iteration_warm_start": cached, "iteration_s": row["time/iteration_s"],
+            "iteration_rollout_s": row["time/rollout_s"], "iteration_reflect_s": row["time/reflect_s"],
+            "iteration_update_s": row["time/update_s"], "iteration_tokens_generated": row["tokens_generated"]}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
@@ -127,6 +247,7 @@ def main():
     parser.add_argument("--device", default="auto")
     parser.add_argument("--steps", type=int, default=3, help="environment steps per rollout episode")
     parser.add_argument("--new-tokens", type=int, default=32, help="max new tokens per action")
+    parser.add_argument("--no-iteration", action="store_true", help="skip the training iteration (~4 minutes)")
     args = parser.parse_args()
     from policy import load_policy
     policy = load_policy(args.model, args.dtype, args.device)
@@ -134,8 +255,14 @@ def main():
               "device": str(policy.device), "threads": torch.get_num_threads()}
     result.update(bench_retrieval())
     result.update(bench_scoring(policy))
+    result.update(bench_decode(policy))
+    result.update(bench_prefill(policy))
+    result.update(bench_score(policy))
     result.update(bench_rollout(policy, args.steps, args.new_tokens))
-    ratios = ("rollout_batched_vs_sequential", "scoring_single_pass_vs_per_turn", "retrieval_vectorized_vs_loop")
+    if not args.no_iteration:
+        result.update(bench_iteration(policy))
+    ratios = ("decode_vs_plain_32_rows", "prefill_vs_plain", "rollout_batched_vs_sequential",
+              "scoring_single_pass_vs_per_turn", "retrieval_vectorized_vs_loop")
     print(json.dumps({**{k: round(result[k], 2) for k in ratios},
                       **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items() if k not in ratios}},
                      indent=1))

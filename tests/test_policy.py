@@ -1,7 +1,9 @@
 """Sampling machinery: the cross-step KV cache, the newline stop and the merged-LoRA context."""
 import torch
 
-from policy import Lockstep, load_policy, sample_tokens
+import pytest
+
+from policy import Decoder, HFDecoder, Lockstep, load_policy, sample_tokens
 
 
 def randomise_lora(policy, seed=0):
@@ -58,6 +60,107 @@ def test_lockstep_with_holes_and_a_kept_cache_matches_a_plain_forward(tiny_polic
     second = decoder.generate(grown, [0, 1, 2], 5, temperature=0.0)
     for row, prompt in enumerate(grown):
         assert second[row] == greedy_without_cache(tiny_policy, prompt, 5)
+
+
+@pytest.fixture()
+def tiny_qwen_policy(tiny_model_dir):
+    """A tiny Qwen2-architecture model (biases on q, k, v; random, where Hugging Face starts them at 0)."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from policy import Policy, add_lora
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(1)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    return Policy(add_lora(model, 4, 8), tokenizer)
+
+
+def sample_without_cache(policy, prompts, n, temperature, seed):
+    """The reference: at every step a full forward pass over each row's whole sequence, alone (no cache, no
+    mask, no padding), then one sample_tokens call for all rows: the random draws the sampler makes."""
+    torch.manual_seed(seed)
+    sequences, out = [list(p) for p in prompts], [[] for _ in prompts]
+    for _ in range(n):
+        logits = torch.stack([policy.model(input_ids=torch.tensor([s])).logits[0, -1].float() for s in sequences])
+        for s, o, t in zip(sequences, out, sample_tokens(logits, temperature).tolist()):
+            s.append(t)
+            o.append(t)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("merged", [False, True])
+@pytest.mark.parametrize("decoder", [Decoder, HFDecoder])
+def test_sampled_tokens_are_those_of_a_plain_forward_with_the_same_draws(arch, merged, decoder, request):
+    """Sampling at temperature 1 through the kept cache (unequal rows: holes; a grown second call past the
+    cache's first capacity; a finished episode leaving) must draw exactly the tokens a plain uncached
+    forward pass draws with the same random numbers, for the LoRA merged into the weights or not."""
+    import contextlib
+    policy = request.getfixturevalue("tiny_policy" if arch == "llama" else "tiny_qwen_policy")
+    assert Decoder.supports(policy.model)
+    randomise_lora(policy, seed=4)
+    policy.model.eval()
+    policy.stop_ids = []   # every row samples every step: the draws line up row for row
+    enc = policy.encode
+    prompts = [enc("Go"), enc("A long hallway with three doors, one of them red. Open"), enc("Kitchen sink")]
+    with torch.no_grad(), (policy.merged_lora() if merged else contextlib.nullcontext()):
+        sampler = Lockstep(policy, decoder(policy.model))
+        torch.manual_seed(5)
+        first = sampler.generate(prompts, [0, 1, 2], 6, temperature=1.0)
+        assert first == sample_without_cache(policy, prompts, 6, 1.0, seed=5)
+        grown = [prompts[k] + first[k] + enc(" You see a key, a lamp and a very long corridor. Take") for k in (0, 2)]
+        torch.manual_seed(6)
+        second = sampler.generate(grown, [0, 2], 5, temperature=1.0)
+        assert sampler.episode_ids == [0, 2]
+        assert second == sample_without_cache(policy, grown, 5, 1.0, seed=6)
+
+
+@pytest.mark.parametrize("gather_below", [0.0, 1.0])
+@pytest.mark.parametrize("decoder", [Decoder, HFDecoder])
+def test_rows_that_stop_early_keep_the_draws_and_tokens_of_a_plain_forward(decoder, gather_below, tiny_policy):
+    """Rows stopping at different steps: the rows still sampling are decoded alone (gathered, GATHER_BELOW
+    1.0) or with holes for the others (0.0); either way each row's tokens are the reference's up to its stop,
+    in this call and in the next one, which continues from the holes left behind."""
+    randomise_lora(tiny_policy, seed=7)
+    tiny_policy.model.eval()
+    enc = tiny_policy.encode
+    prompts = [enc("Go"), enc("A long hallway with three doors. Open"), enc("Kitchen sink"), enc("North")]
+    free = sample_without_cache(tiny_policy, prompts, 8, 1.0, seed=8)
+    tiny_policy.stop_ids = [free[0][1], free[2][4]]
+
+    def cut(tokens):  # the reference's tokens up to and including the first stop
+        return next((tokens[:k + 1] for k, t in enumerate(tokens) if t in tiny_policy.stop_ids), tokens)
+    sampler = Lockstep(tiny_policy, decoder(tiny_policy.model))
+    sampler.GATHER_BELOW = gather_below
+    with torch.no_grad():
+        torch.manual_seed(8)
+        first = sampler.generate(prompts, [0, 1, 2, 3], 8, temperature=1.0)
+        assert first == [cut(f) for f in free]
+        assert len(first[0]) == 2 and len(first[2]) <= 5 and max(map(len, first)) == 8   # stops at different steps
+        grown = [p + o + enc(" It is dark.") for p, o in zip(prompts, first)]
+        again = sample_without_cache(tiny_policy, grown, 6, 1.0, seed=9)
+        torch.manual_seed(9)
+        assert sampler.generate(grown, [0, 1, 2, 3], 6, temperature=1.0) == [cut(a) for a in again]
+
+
+def test_decoder_falls_back_for_other_architectures(tiny_model_dir):
+    """A model Decoder does not write out (here GPT-2) is sampled through its own forward."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from policy import Policy, add_lora
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
+    policy = Policy(add_lora(model, 4, 8), tokenizer)
+    assert not Decoder.supports(policy.model)
+    with policy.sampling() as sampler:
+        assert isinstance(sampler.decoder, HFDecoder)
+        out = sampler.generate([policy.encode("Hello there")], [0], 4, temperature=0.0)
+    assert len(out[0]) == 4 or out[0][-1] in policy.stop_ids
 
 
 def test_stop_at_newline_cuts_after_the_first_line_with_text(tiny_policy, monkeypatch):
