@@ -317,17 +317,22 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def ratio_ci95(num: list[list[float]], den: list[list[float]], draws: int = 5000, seed: int = 0) -> dict:
+def ratio_ci95(num: list[list[float]], den: list[list[float]], draws: int = 5000, seed: int = 0,
+               paired: bool = False) -> dict:
     """Ratio and difference of mean episode scores, group `num` vs group `den`, each a list of runs
     (seeds) holding per-episode scores; 95 % CIs by a two-level bootstrap (resample seeds, then
-    episodes within each), so seed-to-seed variation counts. The ratio is None where den's mean is 0."""
+    episodes within each), so seed-to-seed variation counts. paired: num[i][j] and den[i][j] are the
+    same run and goal (one policy before and after training), so both are resampled with the same
+    draws and goal-to-goal difficulty cancels. The ratio is None where den's mean is 0."""
     rng = np.random.default_rng(seed)
 
-    def resampled_mean(runs):
-        picks = [runs[i] for i in rng.integers(len(runs), size=len(runs))]
-        return float(np.mean(np.concatenate([np.asarray(r)[rng.integers(len(r), size=len(r))] for r in picks])))
+    def resampled_means(groups):
+        runs = rng.integers(len(groups[0]), size=len(groups[0]))
+        episodes = [rng.integers(len(groups[0][i]), size=len(groups[0][i])) for i in runs]
+        return [float(np.mean(np.concatenate([np.asarray(g[i])[j] for i, j in zip(runs, episodes)]))) for g in groups]
     mean_num, mean_den = float(np.mean(np.concatenate(num))), float(np.mean(np.concatenate(den)))
-    pairs = np.array([(resampled_mean(num), resampled_mean(den)) for _ in range(draws)])  # (draws, 2)
+    pairs = np.array([resampled_means([num, den]) if paired else resampled_means([num]) + resampled_means([den])
+                      for _ in range(draws)])  # (draws, 2)
     diff = pairs[:, 0] - pairs[:, 1]
     out = {"difference": mean_num - mean_den, "difference_ci95": [float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))],
            "ratio": None, "ratio_ci95": None}
@@ -411,14 +416,24 @@ def stages_table(groups: list[list[dict]]) -> list[str]:
                              f"| {fmt_ci(st['valid_action_rate'], st['valid_ci95'])} |")
         if all("warm_start" in r["stages"] for r in g):
             runs = {k: [r["stages"][k]["episodes"] for r in g] for k in ("warm_start", "trained")}
-            score = ratio_ci95(*([[100 * e["reward"] for e in eps] for eps in runs[k]] for k in ("trained", "warm_start")))
-            success = ratio_ci95(*([[100.0 * e["won"] for e in eps] for eps in runs[k]] for k in ("trained", "warm_start")))
-            diffs.append(f"| {label} | {score['difference']:+.1f} [{score['difference_ci95'][0]:+.1f}, "
-                         f"{score['difference_ci95'][1]:+.1f}] | {success['difference']:+.1f} [{success['difference_ci95'][0]:+.1f}, "
-                         f"{success['difference_ci95'][1]:+.1f}] |")
+            # the same goals in the same order before and after training: the paired interval applies
+            same_goals = all([e["task_id"] for e in a] == [e["task_id"] for e in b] for a, b in zip(*runs.values()))
+            cells = []
+            for paired in (False, True):
+                for key, scale in (("reward", 100), ("won", 100.0)):
+                    if paired and not same_goals:
+                        cells.append("–")
+                        continue
+                    d = ratio_ci95(*([[scale * e[key] for e in eps] for eps in runs[k]] for k in ("trained", "warm_start")),
+                                   paired=paired)
+                    cells.append("{:+.1f} [{:+.1f}, {:+.1f}]".format(d["difference"], *d["difference_ci95"]))
+            diffs.append(f"| {label} | " + " | ".join(cells) + " |")
     if diffs:
-        lines += ["", "Trained minus warm start (two-level bootstrap over seeds and episodes, 95 % CI):", "",
-                  "| group | score difference | success difference (points) |", "|---|---|---|", *diffs]
+        lines += ["", "Trained minus warm start, 95 % CI by a two-level bootstrap over seeds and episodes: independent "
+                  "(the two evaluations resampled separately) and paired (the same goals resampled together; "
+                  "both evaluations play the same held-out goals):", "",
+                  "| group | score difference | success difference (points) | score difference, paired "
+                  "| success difference, paired |", "|---|---|---|---|---|", *diffs]
     return lines
 
 

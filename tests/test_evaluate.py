@@ -204,6 +204,19 @@ def test_ratio_and_difference_with_two_level_bootstrap():
     assert width(varied) > 2 * width(agreed)
 
 
+def test_paired_bootstrap_cancels_goal_difficulty():
+    """Goals of very different difficulty, every one improved by exactly 5 points: paired, the difference
+    is 5 with no spread; resampled independently, the goals' spread makes the interval wide."""
+    rng = np.random.default_rng(2)
+    before = [list(rng.uniform(0, 100, 40))]
+    after = [[x + 5 for x in before[0]]]
+    paired = evaluate.ratio_ci95(after, before, paired=True)
+    independent = evaluate.ratio_ci95(after, before)
+    assert paired["difference_ci95"] == pytest.approx([5, 5]) and paired["difference"] == pytest.approx(5)
+    lo, hi = independent["difference_ci95"]
+    assert lo < 0 < 5 < hi and hi - lo > 20
+
+
 def test_untrained_model_without_run(tiny_model_dir, tmp_path):
     out = tmp_path / "base.json"
     argv = ["--env", "rooms", "--run", "none", "--model", tiny_model_dir, "--dtype", "float32", "--device", "cpu",
