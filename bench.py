@@ -1,7 +1,7 @@
 """Speed where it counts, measured side by side in one run; prints one JSON object.
 
-    python bench.py                     # the default model on CPU, ~6 minutes on 2 cores
-    python bench.py --no-iteration      # without the training iteration, ~2 minutes
+    python bench.py                     # the default model on CPU, ~7 minutes on 2 cores
+    python bench.py --no-iteration      # without the training iteration, ~4 minutes
 
 decode_vs_plain_32_rows            decode tokens/s of the project's sampler (Lockstep) vs a plain Hugging
                                    Face forward with a DynamicCache, 32 rows at a ~300-token context
@@ -247,7 +247,7 @@ def main():
     parser.add_argument("--device", default="auto")
     parser.add_argument("--steps", type=int, default=3, help="environment steps per rollout episode")
     parser.add_argument("--new-tokens", type=int, default=32, help="max new tokens per action")
-    parser.add_argument("--no-iteration", action="store_true", help="skip the training iteration (~4 minutes)")
+    parser.add_argument("--no-iteration", action="store_true", help="skip the training iteration (~3 minutes)")
     args = parser.parse_args()
     from policy import load_policy
     policy = load_policy(args.model, args.dtype, args.device)
