@@ -4,9 +4,13 @@
     python bench.py --no-iteration      # without the training iteration, ~4 minutes
 
 decode_vs_plain_32_rows            decode tokens/s of the project's sampler (Lockstep) vs a plain Hugging
-                                   Face forward with a DynamicCache, 32 rows at a ~300-token context
-                                   (target >= 5); decode tokens/s of both at 1, 8, 32 and 64 rows are
-                                   printed as decode_tok_s_{sampler,plain}_{rows}
+                                   Face forward with a DynamicCache, 32 rows continuing one ~300-token
+                                   prompt, as a GRPO group's rows do (target >= 5); decode tokens/s of both
+                                   at 1, 8, 32 and 64 rows are printed as decode_tok_s_{sampler,plain}_{rows}
+decode_vs_plain_32_rows_distinct   the same with 32 different prompts, nothing shared (the sampler then
+                                   cannot hold the prompt once for all rows)
+decode_matmul_cap_tok_s_{rows}     one decode step's matrix products alone, as tokens/s: about the
+                                   ceiling of any decoder on this machine in this dtype
 prefill_vs_plain                   tokens/s of the sampler's prefill (8 distinct 300-token prompts) vs a
                                    plain forward over the same batch
 scoring_tok_s                      trained tokens/s of Policy.score, forward + backward, one ~1,100-token
@@ -149,13 +153,14 @@ def plain_decode(policy, prompt: list[int], rows: int, steps: int) -> float:
     return (time.perf_counter() - t) / steps
 
 
-def sampler_decode(policy, prompt: list[int], rows: int, steps: int) -> float:
-    """Seconds per decode step of the project's sampler on the same context: a first call encodes the
-    prompt (shared by all rows), the timed call feeds each row its sampled token and decodes `steps`."""
+def sampler_decode(policy, prompts: list[list[int]], steps: int) -> float:
+    """Seconds per decode step of the project's sampler, one row per prompt: a first call encodes the
+    prompts, the timed call feeds each row its sampled token and decodes `steps`."""
+    rows = len(prompts)
     with policy.sampling() as sampler:
-        first = sampler.generate([prompt] * rows, list(range(rows)), 1, temperature=1.0)
+        first = sampler.generate(prompts, list(range(rows)), 1, temperature=1.0)
         t = time.perf_counter()
-        sampler.generate([prompt + f for f in first], list(range(rows)), steps, temperature=1.0)
+        sampler.generate([p + f for p, f in zip(prompts, first)], list(range(rows)), steps, temperature=1.0)
         return (time.perf_counter() - t) / steps
 
 
@@ -163,22 +168,52 @@ def bench_decode(policy, rows=(1, 8, 32, 64), context: int = 300, steps: int = 1
     """Decode tokens/s at each batch size; no stop token, so every row decodes every step."""
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, len(policy.tokenizer), context).tolist()
+    distinct = [rng.integers(100, len(policy.tokenizer), context).tolist() for _ in range(32)]
     stops, policy.stop_ids = policy.stop_ids, []
     result = {}
     try:
         with torch.no_grad():
             policy.model.eval()
             for n in rows:
-                sampler_decode(policy, prompt, n, 2)  # warm-up
-                result[f"decode_tok_s_sampler_{n}"] = n / min(sampler_decode(policy, prompt, n, steps) for _ in range(2))
+                sampler_decode(policy, [prompt] * n, 2)  # warm-up
+                result[f"decode_tok_s_sampler_{n}"] = n / min(sampler_decode(policy, [prompt] * n, steps) for _ in range(2))
                 with policy.merged_lora():            # the plain forward gets the merged weights too
                     plain_decode(policy, prompt, n, 2)
                     result[f"decode_tok_s_plain_{n}"] = n / min(plain_decode(policy, prompt, n, steps) for _ in range(2))
+            if 32 in rows:
+                result["decode_tok_s_sampler_32_distinct"] = 32 / min(sampler_decode(policy, distinct, steps) for _ in range(2))
     finally:
         policy.stop_ids = stops
         policy.model.train()
     if 32 in rows:
         result["decode_vs_plain_32_rows"] = result["decode_tok_s_sampler_32"] / result["decode_tok_s_plain_32"]
+        # the plain forward copies the prompt's cache to every row, so its cost is the same for distinct prompts
+        result["decode_vs_plain_32_rows_distinct"] = result["decode_tok_s_sampler_32_distinct"] / result["decode_tok_s_plain_32"]
+    return result
+
+
+def bench_matmul_cap(policy, rows=(1, 8, 32, 64), repeats: int = 5) -> dict:
+    """The most decode tokens/s this machine allows: one decode step's matrix products alone (every
+    Linear of the model at its own shape, the LM head included, in the model's dtype), no attention, no
+    element-wise work. The sampler fuses q|k|v and gate|up into fewer, larger products, which can be a
+    little faster, so it may pass this figure by a few percent, not more."""
+    weights = [m.weight.detach() for name, m in policy.model.named_modules()
+               if isinstance(m, torch.nn.Linear) and "lora_" not in name]   # base weights, LoRA's A and B left out
+    result = {}
+    with torch.no_grad():
+        for n in rows:
+            inputs = {w.shape[1]: torch.randn(n, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+
+            def step():
+                for w in weights:
+                    torch.nn.functional.linear(inputs[w.shape[1]], w)
+            step()
+            best = float("inf")
+            for _ in range(repeats):
+                t = time.perf_counter()
+                step()
+                best = min(best, time.perf_counter() - t)
+            result[f"decode_matmul_cap_tok_s_{n}"] = n / best
     return result
 
 
@@ -256,12 +291,13 @@ def main():
     result.update(bench_retrieval())
     result.update(bench_scoring(policy))
     result.update(bench_decode(policy))
+    result.update(bench_matmul_cap(policy))
     result.update(bench_prefill(policy))
     result.update(bench_score(policy))
     result.update(bench_rollout(policy, args.steps, args.new_tokens))
     if not args.no_iteration:
         result.update(bench_iteration(policy))
-    ratios = ("decode_vs_plain_32_rows", "prefill_vs_plain", "rollout_batched_vs_sequential",
+    ratios = ("decode_vs_plain_32_rows", "decode_vs_plain_32_rows_distinct", "prefill_vs_plain", "rollout_batched_vs_sequential",
               "scoring_single_pass_vs_per_turn", "retrieval_vectorized_vs_loop")
     print(json.dumps({**{k: round(result[k], 2) for k in ratios},
                       **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items() if k not in ratios}},

@@ -367,20 +367,41 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention. q (B, H, L, d); k, v (B, Hkv, T, d), H = G * Hkv; mask (B, 1, L, T) bool,
-    True where a query may look. Returns (B, L, H * d).
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+           prefix: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Grouped-query attention. q (B, H, L, d); k, v (B, Hkv, T, d), H = G * Hkv; bias (B, 1, G*L or 1, T),
+    added to the scores (0 where a query may look, -inf where not; see fold_mask). Returns (B, L, H * d).
 
     The G query heads that share a key/value head are folded into its query rows, so keys and values are
-    read in place, never repeated G times (what enable_gqa does on CPU: it copies them)."""
+    read in place, never repeated G times (what enable_gqa does on CPU: it copies them).
+
+    prefix: keys and values (1, Hkv, P, d) that every row sees before its own T (the prompt all rows share).
+    They are read once for the whole batch: all B*G*L queries of a head in one call, then each query's
+    two partial attentions are joined by their log-sum-exps (softmax over P + T keys, done in two parts)."""
     B, H, L, d = q.shape
-    kv_heads, T = k.shape[1], k.shape[2]
-    G = H // kv_heads
-    q = q.reshape(B, kv_heads, G * L, d)                                      # rows ordered (head in group, position)
-    if L > 1:
-        mask = mask[:, :, None].expand(B, 1, G, L, T).reshape(B, 1, G * L, T)
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, Hkv, G*L, d)
+    kv_heads = k.shape[1]
+    q = q.reshape(B, kv_heads, H // kv_heads * L, d)                          # rows ordered (head in group, position)
+    if prefix is None:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, Hkv, G*L, d)
+    else:
+        # the CPU flash kernel behind scaled_dot_product_attention, called directly for its log-sum-exps
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        own, own_lse = flash(q, k, v, attn_mask=bias)                           # (B, Hkv, G*L, d), (B, Hkv, G*L)
+        shared, shared_lse = flash(q.transpose(0, 1).reshape(1, kv_heads, -1, d), *prefix)  # queries of all rows
+        shared = shared.view(kv_heads, B, -1, d).transpose(0, 1)
+        shared_lse = shared_lse.view(kv_heads, B, -1).transpose(0, 1)
+        weight = torch.sigmoid(shared_lse - own_lse)[..., None]                  # the prefix's share of the softmax
+        out = torch.lerp(own.float(), shared.float(), weight).to(q.dtype)
     return out.view(B, H, L, d).transpose(1, 2).reshape(B, L, H * d)
+
+
+def fold_mask(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask (B, 1, L, T), True where a query may look, as attend's additive bias: repeated for the
+    `groups` query heads folded into each key/value head's rows (B, 1, G*L, T) when L > 1."""
+    B, _, L, T = mask.shape
+    if L > 1:
+        mask = mask[:, :, None].expand(B, 1, groups, L, T).reshape(B, 1, groups * L, T)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 class Decoder:
@@ -395,6 +416,11 @@ class Decoder:
 
     Rows are episodes; columns are token slots. A slot may be a hole (padding of unequal rows, or a row
     that stopped sampling): `valid` masks it and positions skip it, so each row sees only its own tokens.
+
+    A prompt every row starts with (system prompt, example exchange, a GRPO group's task) is held once, as
+    a prefix in front of all rows (on CPU, see attend), not copied into each: at 32 rows of a 300-token
+    prompt, reading 32 copies of its keys and values was the largest cost of a decode step after the
+    matmuls (bench.py, decode_tok_s_sampler_32 vs decode_tok_s_sampler_32_distinct).
     """
 
     FAMILIES = ("llama", "qwen2")
@@ -429,7 +455,9 @@ class Decoder:
                                 fused(attn.o_proj), layer.post_attention_layernorm.weight,
                                 fused(mlp.gate_proj, mlp.up_proj), fused(mlp.down_proj)))
         self.dtype, self.device = self.embed.dtype, self.embed.device
-        self.keys = self.values = None   # (layers, rows, kv heads, capacity, head dim)
+        self.share_prefix = self.device.type == "cpu"   # attend's two-part softmax uses the CPU flash kernel
+        self.prefix = None               # (keys, values) of the shared prompt, (layers, 1, kv heads, P, head dim) each
+        self.keys = self.values = None   # (layers, rows, kv heads, capacity, head dim), after the prefix
         self.valid = None                # (rows, capacity) bool: slots that hold a token
         self.next_position = None        # (rows,) position of each row's next token
         self.length = 0                  # slots in use
@@ -443,9 +471,22 @@ class Decoder:
         self.valid = torch.zeros((rows, capacity), dtype=torch.bool, device=self.device)
         self.next_position = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.length = 0
+        self.prefix = None
 
     def repeat(self, rows: int) -> None:
-        """Copy the one row held to `rows` rows (a prefix encoded once for all episodes)."""
+        """The one row held becomes what `rows` rows start from (a prefix encoded once for all episodes):
+        kept once as the shared prefix, or (off CPU) copied to every row."""
+        if self.share_prefix and self.prefix is None and self.length and bool(self.valid[0, :self.length].all()):
+            P = self.length
+            self.prefix = tuple(t[:, :, :, :P].clone() for t in (self.keys, self.values))
+            capacity = self.valid.shape[1] - P
+            self.keys = torch.zeros((len(self.layers), rows, self.kv_heads, capacity, self.head_dim),
+                                    dtype=self.dtype, device=self.device)
+            self.values = torch.zeros_like(self.keys)
+            self.valid = torch.zeros((rows, capacity), dtype=torch.bool, device=self.device)
+            self.next_position = self.next_position.expand(rows).contiguous()
+            self.length = 0
+            return
         self.keys, self.values = (t.expand(-1, rows, -1, -1, -1).contiguous() for t in (self.keys, self.values))
         self.valid = self.valid.expand(rows, -1).contiguous()
         self.next_position = self.next_position.expand(rows).contiguous()
@@ -481,6 +522,7 @@ class Decoder:
             query = torch.arange(T0, T, device=self.device)[:, None]
             key = torch.arange(T, device=self.device)[None, :]
             mask = (mask & (key <= query)) | (key == query)                              # (B, 1, L, T)
+        bias = fold_mask(mask, self.heads // self.kv_heads, self.dtype)                 # (B, 1, G*L or 1, T)
         x = torch.nn.functional.embedding(block, self.embed)                            # (B, L, D)
         cos, sin = self.rotary(x, positions.clamp(min=0))                                # (B, L, d) each
         cos, sin = cos[:, :, None], sin[:, :, None]
@@ -490,7 +532,8 @@ class Decoder:
             q, k = rotate(qk.view(B, L, H + Hkv, d), cos, sin).transpose(1, 2).split([H, Hkv], dim=1)
             self.keys[i, at, :, T0:T] = k                                               # (B, Hkv, L, d)
             self.values[i, at, :, T0:T] = v.view(B, L, Hkv, d).transpose(1, 2)
-            x = x + o(attend(q, self.keys[i, at, :, :T], self.values[i, at, :, :T], mask))
+            prefix = None if self.prefix is None else (self.prefix[0][i], self.prefix[1][i])
+            x = x + o(attend(q, self.keys[i, at, :, :T], self.values[i, at, :, :T], bias, prefix))
             gate, up = gate_up(rms_norm(x, norm2, self.eps)).chunk(2, dim=-1)
             x = x + down(torch.nn.functional.silu(gate) * up)
         self.length = T

@@ -93,13 +93,18 @@ def sample_without_cache(policy, prompts, n, temperature, seed):
     return out
 
 
+SHARED = "You are a text-game agent. Reply with exactly one valid action.\n"
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("merged", [False, True])
 @pytest.mark.parametrize("decoder", [Decoder, HFDecoder])
-def test_sampled_tokens_are_those_of_a_plain_forward_with_the_same_draws(arch, merged, decoder, request):
+@pytest.mark.parametrize("shared", [False, True])
+def test_sampled_tokens_are_those_of_a_plain_forward_with_the_same_draws(arch, merged, decoder, shared, request):
     """Sampling at temperature 1 through the kept cache (unequal rows: holes; a grown second call past the
     cache's first capacity; a finished episode leaving) must draw exactly the tokens a plain uncached
-    forward pass draws with the same random numbers, for the LoRA merged into the weights or not."""
+    forward pass draws with the same random numbers, for the LoRA merged into the weights or not, and
+    with the prompt all rows start with held once as Decoder's shared prefix."""
     import contextlib
     policy = request.getfixturevalue("tiny_policy" if arch == "llama" else "tiny_qwen_policy")
     assert Decoder.supports(policy.model)
@@ -107,11 +112,14 @@ def test_sampled_tokens_are_those_of_a_plain_forward_with_the_same_draws(arch, m
     policy.model.eval()
     policy.stop_ids = []   # every row samples every step: the draws line up row for row
     enc = policy.encode
-    prompts = [enc("Go"), enc("A long hallway with three doors, one of them red. Open"), enc("Kitchen sink")]
+    head = enc(SHARED) if shared else []
+    prompts = [head + enc(t) for t in ("Go", "A long hallway with three doors, one of them red. Open", "Kitchen sink")]
     with torch.no_grad(), (policy.merged_lora() if merged else contextlib.nullcontext()):
         sampler = Lockstep(policy, decoder(policy.model))
         torch.manual_seed(5)
         first = sampler.generate(prompts, [0, 1, 2], 6, temperature=1.0)
+        if decoder is Decoder:
+            assert (sampler.decoder.prefix is not None) == shared
         assert first == sample_without_cache(policy, prompts, 6, 1.0, seed=5)
         grown = [prompts[k] + first[k] + enc(" You see a key, a lamp and a very long corridor. Take") for k in (0, 2)]
         torch.manual_seed(6)
@@ -122,14 +130,16 @@ def test_sampled_tokens_are_those_of_a_plain_forward_with_the_same_draws(arch, m
 
 @pytest.mark.parametrize("gather_below", [0.0, 1.0])
 @pytest.mark.parametrize("decoder", [Decoder, HFDecoder])
-def test_rows_that_stop_early_keep_the_draws_and_tokens_of_a_plain_forward(decoder, gather_below, tiny_policy):
+@pytest.mark.parametrize("shared", [False, True])
+def test_rows_that_stop_early_keep_the_draws_and_tokens_of_a_plain_forward(decoder, gather_below, shared, tiny_policy):
     """Rows stopping at different steps: the rows still sampling are decoded alone (gathered, GATHER_BELOW
     1.0) or with holes for the others (0.0); either way each row's tokens are the reference's up to its stop,
     in this call and in the next one, which continues from the holes left behind."""
     randomise_lora(tiny_policy, seed=7)
     tiny_policy.model.eval()
     enc = tiny_policy.encode
-    prompts = [enc("Go"), enc("A long hallway with three doors. Open"), enc("Kitchen sink"), enc("North")]
+    head = enc(SHARED) if shared else []
+    prompts = [head + enc(t) for t in ("Go", "A long hallway with three doors. Open", "Kitchen sink", "North")]
     free = sample_without_cache(tiny_policy, prompts, 8, 1.0, seed=8)
     tiny_policy.stop_ids = [free[0][1], free[2][4]]
 
@@ -140,6 +150,8 @@ def test_rows_that_stop_early_keep_the_draws_and_tokens_of_a_plain_forward(decod
     with torch.no_grad():
         torch.manual_seed(8)
         first = sampler.generate(prompts, [0, 1, 2, 3], 8, temperature=1.0)
+        if decoder is Decoder:
+            assert (sampler.decoder.prefix is not None) == shared
         assert first == [cut(f) for f in free]
         assert len(first[0]) == 2 and len(first[2]) <= 5 and max(map(len, first)) == 8   # stops at different steps
         grown = [p + o + enc(" It is dark.") for p, o in zip(prompts, first)]
