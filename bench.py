@@ -195,8 +195,8 @@ def bench_decode(policy, rows=(1, 8, 32, 64), context: int = 300, steps: int = 1
 def bench_matmul_cap(policy, rows=(1, 8, 32, 64), repeats: int = 5) -> dict:
     """The most decode tokens/s this machine allows: one decode step's matrix products alone (every
     Linear of the model at its own shape, the LM head included, in the model's dtype), no attention, no
-    element-wise work. The sampler fuses q|k|v and gate|up into fewer, larger products, which can be a
-    little faster, so it may pass this figure by a few percent, not more."""
+    element-wise work. A rough ceiling: the sampler fuses q|k|v and gate|up into fewer, larger products,
+    and a timing of those fused shapes on one machine (README, Speed) gave caps up to 40 % apart from this."""
     weights = [m.weight.detach() for name, m in policy.model.named_modules()
                if isinstance(m, torch.nn.Linear) and "lora_" not in name]   # base weights, LoRA's A and B left out
     result = {}

@@ -478,14 +478,10 @@ class Decoder:
         kept once as the shared prefix, or (off CPU) copied to every row."""
         if self.share_prefix and self.prefix is None and self.length and bool(self.valid[0, :self.length].all()):
             P = self.length
-            self.prefix = tuple(t[:, :, :, :P].clone() for t in (self.keys, self.values))
-            capacity = self.valid.shape[1] - P
-            self.keys = torch.zeros((len(self.layers), rows, self.kv_heads, capacity, self.head_dim),
-                                    dtype=self.dtype, device=self.device)
-            self.values = torch.zeros_like(self.keys)
-            self.valid = torch.zeros((rows, capacity), dtype=torch.bool, device=self.device)
-            self.next_position = self.next_position.expand(rows).contiguous()
-            self.length = 0
+            prefix = tuple(t[:, :, :, :P].clone() for t in (self.keys, self.values))
+            position = self.next_position.expand(rows).contiguous()
+            self.reset(rows, capacity=self.valid.shape[1] - P)   # empty per-row caches after the prefix
+            self.prefix, self.next_position = prefix, position
             return
         self.keys, self.values = (t.expand(-1, rows, -1, -1, -1).contiguous() for t in (self.keys, self.values))
         self.valid = self.valid.expand(rows, -1).contiguous()
