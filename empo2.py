@@ -519,7 +519,7 @@ def update_policy(policy, optimizer, trajs: list[Trajectory], advantages: torch.
             # the log-delta mask keeps off-policy training stable (paper, Fig. 6); on plain on-policy tokens
             # the ratio is 1 and it would only drop the rare tokens exploration found (unless mask_on_policy)
             min_logp = cfg.min_logp if off_policy or cfg.mask_on_policy else None
-            loss, st = policy_loss(logp[None], old_logp[None], adv.reshape(1), torch.ones_like(logp, dtype=torch.bool)[None],
+            loss, st = policy_loss(logp[None], old_logp[None], adv.reshape(1).to(logp.device), torch.ones_like(logp, dtype=torch.bool)[None],
                                    cfg.clip_low, cfg.clip_high, cfg.dual_clip, min_logp)
             if not torch.isfinite(loss) or torch.isnan(logp).any():  # the log-delta mask would hide NaN tokens
                 finite = False

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -121,6 +122,8 @@ def measure(policy, cfg: Config, args, device: torch.device) -> dict:
                      "episode_steps": float(np.mean([len(tr.rewards) for tr in trajs])),
                      "trajectory_tokens": float(np.mean([len(tr.tokens()[0]) for tr in trajs])),
                      "episodes_with_tips": int(sum(tr.has_tips for tr in trajs))})
+        # one line per iteration on stderr, so a run stopped by a time limit still leaves its figures
+        print(f"iteration {it}{' (warm-up)' if it == 0 else ''}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
     measured = rows[1:] or rows
     result = {"arch": args.arch, "random_weights": True, "device": str(device),
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

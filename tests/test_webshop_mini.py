@@ -447,3 +447,15 @@ def test_the_example_episode_is_a_whole_valid_episode():
         valid = envs.valid_actions_of(page)
         assert action in valid or (valid == [SEARCH_FORM] and action.startswith("search["))
         assert page.startswith("Instruction: ")
+
+
+def test_jax_kept_off_the_gpu_unless_the_user_chose():
+    """bm25s runs jax at import; jax would reserve most of the GPU (the 3B GPU bench ran out of memory)."""
+    import subprocess
+    import sys
+    code = "import os, envs.webshop_mini; print(os.environ['JAX_PLATFORMS'])"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    run = lambda e: subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                                   check=True).stdout.strip()
+    assert run(env) == "cpu"
+    assert run({**env, "JAX_PLATFORMS": "cuda"}) == "cuda"
