@@ -6,7 +6,8 @@ One training iteration (docs/algorithm.md, steps 1-9), as train.py runs it:
     trajs  = rollout(policy, envs, tasks, modes, cfg, ...)      # step 1-2 and 4: batched episodes, tips, r_int
     tips   = reflect(policy, trajs, cfg); store_tips(...)       # step 3: the policy writes itself a tip
     adv    = grpo_advantages(returns, group_ids)                # step 5
-    stats  = update_policy(policy, optimizer, trajs, adv, cfg)  # step 7-9: hybrid on/off-policy PPO-clip loss
+    stats  = update_policy(policy, optimizer, trajs, adv, cfg)  # step 7-9: hybrid on/off-policy PPO-clip loss,
+                                                                #   pi_old recorded once, then mini-batch steps
 
 A trajectory is a list of token-id segments ("context", "tip", "action"). The off-policy update
 scores the same list without its "tip" segments, so tips are removed exactly, by construction,
@@ -46,7 +47,7 @@ class Config:
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 where native), float32 or bfloat16"})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
     seed: int = field(default=0, metadata={"help": "seed for tasks, modes and sampling"})
-    iterations: int = field(default=2, metadata={"help": "training iterations (one optimiser step each; CPU-sized default)"})
+    iterations: int = field(default=2, metadata={"help": "training iterations (CPU-sized default)"})
     tasks_per_iter: int = field(default=4, metadata={"help": "tasks per iteration (reference: 16; CPU-sized default)"})
     train_tasks: int = field(default=0, metadata={"help": "train on this many training tasks, spread over the split (0: all). A small pool repeats tasks, so tips are retrieved within a short run"})
     group_size: int = field(default=4, metadata={"help": "rollouts per task, G (reference: 8; CPU-sized default)"})
@@ -56,7 +57,13 @@ class Config:
     no_memory_on_policy: bool = field(default=False, metadata={"help": "ablation: memory groups always update off-policy (q=1)"})
     intrinsic_coef: float = field(default=0.1, metadata={"help": "c in r_int = c/n per visited state; 0 turns it off. Our choice: rewards are in [0,1] per episode, so c=1 over 15 steps would drown them"})
     novelty_threshold: float = field(default=0.9, metadata={"help": "cos sim above which two states count as the same (novelty counter)"})
-    lr: float = field(default=2e-4, metadata={"help": "AdamW learning rate of the LoRA weights in RL (LoRA wants far more than the reference's 1e-6 full fine-tune; 1e-3 broke the warm-started 135M model in one step, measured)"})
+    lr: float = field(default=5e-5, metadata={"help": "AdamW learning rate of the LoRA weights in RL (LoRA wants more than the reference's 1e-6 full fine-tune; see docs/algorithm.md for how it was chosen)"})
+    lr_warmup_steps: int = field(default=0, metadata={"help": "optimiser steps of linear learning-rate warm-up (0: none)"})
+    ppo_epochs: int = field(default=1, metadata={"help": "passes over each iteration's batch (PPO epochs)"})
+    minibatches: int = field(default=4, metadata={"help": "optimiser steps per pass: the batch's trajectories split into this many mini-batches; pi_old is recorded before the first, so the ratio moves and the clips act"})
+    kl_coef: float = field(default=0.0, metadata={"help": "weight of a KL penalty (k3 estimate) to the reference policy, the warm start; 0 = off, as in the reference recipe"})
+    invalid_penalty: float = field(default=0.01, metadata={"help": "subtracted from the return per invalid action (verl-agent: 0.1 against a success reward of 10; rewards here are in [0, 1])"})
+    adv_std_floor: float = field(default=0.1, metadata={"help": "GRPO advantage divides by max(group std, this): returns that differ only by novelty noise (r_int ~0.01) no longer become advantages as large as a success's; 0 = the paper's rule"})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
     clip_low: float = field(default=0.2, metadata={"help": "PPO clip: ratio >= 1 - clip_low"})
@@ -82,6 +89,10 @@ class Config:
     warm_start_lr: float = field(default=3e-4, metadata={"help": "AdamW learning rate of behaviour cloning"})
     warm_start_batch: int = field(default=4, metadata={"help": "episodes per behaviour-cloning step"})
     warm_start_seed: int = field(default=0, metadata={"help": "seed of the warm start (its demonstrations and their order); one for every run seed, so all runs start from the same policy"})
+    val_every: int = field(default=0, metadata={"help": "evaluate on the validation split every this many iterations, and after the last (0: never); a valid-action rate below --valid-alarm is reported loudly"})
+    val_episodes: int = field(default=20, metadata={"help": "validation episodes (val split, no memory, eval temperature)"})
+    valid_alarm: float = field(default=0.9, metadata={"help": "warn when the validation (or training) valid-action rate falls below this"})
+    probe_episodes: int = field(default=4, metadata={"help": "episodes of the warm start, from the first iteration, on which the KL to it is measured after every update (0: off)"})
     eval_episodes: int = field(default=24, metadata={"help": "held-out test episodes evaluated (no memory) untrained, after the warm start and after training; 0 skips (a split smaller than this is cycled through)"})
     task_names: str = field(default="", metadata={"help": "scienceworld: comma-separated task names (empty: the env's default)"})
     out: str = field(default="runs", metadata={"help": "folder that holds runs"})
@@ -130,7 +141,11 @@ class Config:
                      "warm_start_epochs", "warm_start_batch"):
             if getattr(self, name) < 1:
                 bad(f"--{name.replace('_', '-')} must be at least 1")
-        for name in ("intrinsic_coef", "eval_episodes", "max_steps", "train_tasks"):
+        for name in ("ppo_epochs", "minibatches"):
+            if getattr(self, name) < 1:
+                bad(f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("intrinsic_coef", "eval_episodes", "max_steps", "train_tasks", "kl_coef", "invalid_penalty",
+                     "adv_std_floor", "lr_warmup_steps", "val_every", "val_episodes", "probe_episodes"):
             if getattr(self, name) < 0:
                 bad(f"--{name.replace('_', '-')} must be at least 0")
         if self.lr <= 0 or self.warm_start_lr <= 0 or self.temperature <= 0 or self.eval_temperature < 0:
@@ -202,6 +217,10 @@ class Trajectory:
         """The MEAN of r_int over visited states (the paper sums them; our choice, see docs/algorithm.md):
         a sum paid long wandering episodes more than short purchases (measured on webshop-mini)."""
         return float(np.mean(self.intrinsic)) if self.intrinsic else 0.0
+
+    @property
+    def invalid_actions(self) -> int:
+        return sum(not step.get("valid", True) for step in self.transcript if "action" in step)
 
     @property
     def has_tips(self) -> bool:
@@ -412,14 +431,17 @@ def store_tips(memory, embedder, trajs: list[Trajectory]) -> int:
                for tr, k in zip(trajs, keys))
 
 
-def episode_returns(trajs: list[Trajectory]) -> torch.Tensor:
-    """docs/algorithm.md, step 5: R = sum_t r_ext,t + mean_s r_int(s), one value per trajectory. (N,)"""
-    return torch.tensor([tr.ext_return + tr.int_return for tr in trajs], dtype=torch.float32)
+def episode_returns(trajs: list[Trajectory], invalid_penalty: float = 0.0) -> torch.Tensor:
+    """docs/algorithm.md, step 5: R = sum_t r_ext,t + mean_s r_int(s) - invalid_penalty * (invalid actions),
+    one value per trajectory. (N,)"""
+    return torch.tensor([tr.ext_return + tr.int_return - invalid_penalty * tr.invalid_actions for tr in trajs],
+                        dtype=torch.float32)
 
 
 # ----------------------------------------------------------------------------------------
-def grpo_advantages(returns, group_ids) -> torch.Tensor:
-    """docs/algorithm.md, step 5: A_i = (R_i - mean(R_group)) / (std(R_group) + 1e-6), unbiased std.
+def grpo_advantages(returns, group_ids, std_floor: float = 0.0) -> torch.Tensor:
+    """docs/algorithm.md, step 5: A_i = (R_i - mean(R_group)) / (max(std(R_group), std_floor) + 1e-6),
+    unbiased std (std_floor 0: the paper's rule).
 
     A group of one uses mean 0 and std 1; a group whose returns are all equal gets exactly 0.
     returns: (N,), group_ids: length-N sequence.
@@ -434,7 +456,7 @@ def grpo_advantages(returns, group_ids) -> torch.Tensor:
         r = returns[idx]
         mean, std = (r.mean(), r.std(unbiased=True)) if len(idx) > 1 else (torch.tensor(0.0), torch.tensor(1.0))
         # a tied group (all returns equal) has no signal: exactly 0, not the rounding error of its mean
-        adv[idx] = 0.0 if len(idx) > 1 and bool(r.max() == r.min()) else (r - mean) / (std + 1e-6)
+        adv[idx] = 0.0 if len(idx) > 1 and bool(r.max() == r.min()) else (r - mean) / (std.clamp(min=std_floor) + 1e-6)
     return adv
 
 
@@ -468,92 +490,205 @@ def policy_loss(logp, old_logp, advantages, action_mask, clip_low=0.2, clip_high
     return loss, stats
 
 
-def update_policy(policy, optimizer, trajs: list[Trajectory], advantages: torch.Tensor, cfg: Config) -> dict:
-    """docs/algorithm.md, steps 7-9: one optimiser step over all trajectories of the iteration.
+@dataclass
+class UpdateItem:
+    """One trajectory as the update sees it (step 7): what the new policy scores, what the old one scored."""
+    traj: Trajectory
+    advantage: float
+    new: tuple[list[int], list[bool]]      # (ids, action mask) in c_t: without tips for off-policy
+    old: tuple[list[int], list[bool]]      # (ids, action mask) in c'_t: the context as sampled
+    old_logp: torch.Tensor | None = None   # (n,) log pi_old of the action tokens, before the first step
+    ref_logp: torch.Tensor | None = None   # (n,) log pi_ref (the warm start) in c_t, for the KL penalty
 
-    Per trajectory one forward pass scores all its action tokens. Contexts (step 7):
+    @property
+    def off_policy(self) -> bool:
+        return self.traj.scored_without_tips
+
+
+def update_batch(trajs: list[Trajectory], advantages: torch.Tensor, cfg: Config) -> tuple[list[UpdateItem], int]:
+    """Step 7's contexts per trajectory, and the iteration's action-token count (the loss's token mean).
+
+    A trajectory with A = 0 in on-policy mode has ratio-independent objective 0 and no gradient, so it is
+    left out (tied GRPO groups cost nothing); its tokens still count in the mean. With a KL penalty it
+    is kept: its tokens are pulled back toward the reference too."""
+    items, n_tokens = [], 0
+    for tr, adv in zip(trajs, advantages.tolist()):
+        if not any(kind == "action" for kind, _ in tr.segments):
+            continue
+        n_tokens += sum(tr.tokens()[1])
+        off = tr.scored_without_tips
+        if off or cfg.mask_on_policy or adv != 0.0 or cfg.kl_coef > 0:
+            items.append(UpdateItem(tr, adv, tr.tokens(with_tips=not off), tr.tokens(with_tips=True)))
+    return items, n_tokens
+
+
+def group_prefixes(items: list[UpdateItem]) -> dict[int, list]:
+    """Per group, the sequences whose common start SharedPrefix encodes once: the same list for the
+    pi_old pass and every mini-batch, so both see the same prefix and the first ratio is exactly 1."""
+    seqs = {}
+    for it in items:
+        seqs.setdefault(it.traj.group, []).append(it.new)
+        if it.off_policy:
+            seqs[it.traj.group].append(it.old)
+    return seqs
+
+
+def record_logprobs(policy, items: list[UpdateItem], cfg: Config, reference: dict | None = None) -> None:
+    """pi_old for every item before any optimiser step (PPO: the ratio is measured against the policy that
+    sampled the batch; off-policy: that policy saw the tips). With a reference (the warm start's LoRA
+    weights), also log pi_ref of the tokens in the context the new policy trains in."""
+    prefixes = group_prefixes(items)
+    with torch.no_grad():
+        for group, seqs in prefixes.items():
+            prefix = SharedPrefix(policy, seqs)
+            for it in (it for it in items if it.traj.group == group):
+                it.old_logp = policy.score(*it.old, cfg.temperature, prefix)[0]
+        if reference is not None and cfg.kl_coef > 0:
+            with policy.using_lora(reference):
+                for group, seqs in prefixes.items():
+                    prefix = SharedPrefix(policy, seqs)
+                    for it in (it for it in items if it.traj.group == group):
+                        it.ref_logp = policy.score(*it.new, cfg.temperature, prefix)[0]
+
+
+def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(pi_theta || pi_ref) estimate k3 = exp(d) - d - 1 with d = log pi_ref - log pi_theta
+    (non-negative, low variance; verl's "low_var_kl"). 0 with zero gradient where the two agree. (n,)"""
+    d = (ref_logp - logp).clamp(-20.0, 20.0)
+    return (torch.exp(d) - d - 1).clamp(max=10.0)
+
+
+def update_policy(policy, optimizer, trajs: list[Trajectory], advantages: torch.Tensor, cfg: Config,
+                  reference: dict | None = None, rng: np.random.Generator | None = None) -> dict:
+    """docs/algorithm.md, steps 7-9: PPO over the iteration's batch.
+
+    pi_old is recorded once, before any step; then cfg.ppo_epochs passes over the batch, each split into
+    cfg.minibatches mini-batches of trajectories, one optimiser step per mini-batch. From the second
+    step on the ratio pi_theta / pi_old moves away from 1 and the asymmetric clip and the dual clip
+    bound how far each step can push a token. Contexts (step 7):
       on-policy, on-policy-tips: new = old = the sequence as sampled (tips kept if any)
       off-policy:                new = sequence WITHOUT tip segments, old = sequence as sampled.
-    Loss = token mean over all kept action tokens of the batch: each trajectory's summed objective
-    is back-propagated, then the gradients are divided by the batch's kept-token count.
+    Loss per mini-batch = -(sum of clipped objectives over its kept tokens) / (the iteration's action
+    tokens / cfg.minibatches) [+ kl_coef * the same mean of KL to the reference policy].
     """
-    policy.model.train()
+    rng = rng if rng is not None else np.random.default_rng(0)
+    items, n_tokens = update_batch(trajs, advantages, cfg)
+    log = {"steps": 0, "skipped": 0, "kept": 0, "actions": 0, "clipped": 0.0, "dual": 0.0, "entropy": 0.0,
+           "loss": 0.0, "kl_ref": 0.0, "ratios": [], "grad_norms": [], "offpol_logratio": 0.0, "offpol_tokens": 0}
+    if items:
+        policy.model.train()
+        record_logprobs(policy, items, cfg, reference)
+        prefixes = group_prefixes(items)
+        per_step = n_tokens / cfg.minibatches
+        for _epoch in range(cfg.ppo_epochs):
+            order = rng.permutation(len(items))
+            for chunk in np.array_split(order, min(cfg.minibatches, len(items))):
+                minibatch_step(policy, optimizer, [items[k] for k in sorted(chunk)], prefixes, per_step, cfg, log)
+    return update_stats(log, items, n_tokens, cfg)
+
+
+def minibatch_step(policy, optimizer, items: list[UpdateItem], prefixes: dict, per_step: float, cfg: Config,
+                   log: dict) -> None:
+    """Step 8-9 on one mini-batch: score each trajectory in its new context, the clipped loss, backward,
+    then one optimiser step (skipped, and counted, if anything is not finite)."""
     optimizer.zero_grad(set_to_none=True)
-    params = policy.lora_parameters()
-    totals = {"kept": 0, "actions": 0, "scored": 0, "clipped": 0.0, "dual": 0.0, "entropy": 0.0, "loss": 0.0,
-              "offpol_logratio": 0.0}
-    n_offpol_tokens, finite = 0, True
-    bar = tqdm(total=len(trajs), desc="update", leave=False)
-    for group in dict.fromkeys(tr.group for tr in trajs):
-        members = []
-        for tr, adv in zip(trajs, advantages):
-            if tr.group != group or not any(kind == "action" for kind, _ in tr.segments):
-                continue
-            off_policy = tr.scored_without_tips
-            if not off_policy and not cfg.mask_on_policy and float(adv) == 0.0:
-                # A = 0 and ratio = 1: the objective is 0 with zero gradient and every token counts as kept,
-                # so the batch's token mean is the same without a forward pass (tied GRPO groups cost nothing)
-                n = sum(tr.tokens()[1])
-                totals["kept"] += n
-                totals["actions"] += n
-                bar.update()
-            else:
-                members.append((tr, adv, off_policy))
-        if not members:
-            continue
-        # the group's episodes start alike (system prompt, example turns, the task): encode that once
-        prefix = SharedPrefix(policy, [tr.tokens(with_tips=not o) for tr, _, o in members]
-                              + [tr.tokens(with_tips=True) for tr, _, o in members if o])
-        for tr, adv, off_policy in members:
-            bar.update()
-            ids, mask = tr.tokens(with_tips=not off_policy)
-            totals["scored"] += sum(mask)
-            logp, entropy = policy.score(ids, mask, cfg.temperature, prefix)       # (n,) with grad
-            if off_policy:
-                with torch.no_grad():  # behaviour policy: the same weights, but the context had the tips
-                    old_logp, _ = policy.score(*tr.tokens(with_tips=True), cfg.temperature, prefix)
-                totals["offpol_logratio"] += float((logp.detach() - old_logp).sum())
-                n_offpol_tokens += len(logp)
-            else:
-                old_logp = logp.detach()  # one optimiser step per iteration: pi_old is pi_theta before this step
-            # the log-delta mask keeps off-policy training stable (paper, Fig. 6); on plain on-policy tokens
-            # the ratio is 1 and it would only drop the rare tokens exploration found (unless mask_on_policy)
-            min_logp = cfg.min_logp if off_policy or cfg.mask_on_policy else None
-            loss, st = policy_loss(logp[None], old_logp[None], adv.reshape(1).to(logp.device), torch.ones_like(logp, dtype=torch.bool)[None],
+    set_warmup_lr(optimizer, cfg)
+    finite = True
+    for group in dict.fromkeys(it.traj.group for it in items):
+        prefix = SharedPrefix(policy, prefixes[group])
+        for it in (it for it in items if it.traj.group == group):
+            logp, entropy = policy.score(*it.new, cfg.temperature, prefix)       # (n,) with grad
+            # the log-delta mask keeps off-policy training stable (paper, Fig. 6); on-policy tokens were
+            # sampled by pi_old, so it would only drop the rare tokens exploration found (unless mask_on_policy)
+            min_logp = cfg.min_logp if it.off_policy or cfg.mask_on_policy else None
+            adv = torch.tensor([it.advantage], device=logp.device)
+            loss, st = policy_loss(logp[None], it.old_logp[None].to(logp.device), adv,
+                                   torch.ones_like(logp, dtype=torch.bool)[None],
                                    cfg.clip_low, cfg.clip_high, cfg.dual_clip, min_logp)
-            if not torch.isfinite(loss) or torch.isnan(logp).any():  # the log-delta mask would hide NaN tokens
+            total = loss * st["kept_tokens"]
+            if it.ref_logp is not None:
+                kl = kl_to_reference(logp, it.ref_logp.to(logp.device))
+                total = total + cfg.kl_coef * kl.sum()
+                log["kl_ref"] += float(kl.detach().sum())
+            if not torch.isfinite(total) or torch.isnan(logp).any():  # the log-delta mask would hide NaN tokens
                 finite = False
                 break
-            if st["kept_tokens"]:
-                (loss * st["kept_tokens"]).backward()
-            totals["kept"] += st["kept_tokens"]
-            totals["actions"] += st["action_tokens"]
-            totals["clipped"] += st["clip_ratio"] * st["kept_tokens"]
-            totals["dual"] += st["dual_clip_ratio"] * st["kept_tokens"]
-            totals["entropy"] += float(entropy.detach().sum())
-            totals["loss"] += float(loss.detach()) * st["kept_tokens"]
+            (total / per_step).backward()
+            log["kept"] += st["kept_tokens"]
+            log["actions"] += st["action_tokens"]
+            log["clipped"] += st["clip_ratio"] * st["kept_tokens"]
+            log["dual"] += st["dual_clip_ratio"] * st["kept_tokens"]
+            log["entropy"] += float(entropy.detach().sum())
+            log["loss"] += float(loss.detach()) * st["kept_tokens"]
+            log["ratios"].append(torch.exp(logp.detach() - it.old_logp.to(logp.device)).float().cpu())
+            if it.off_policy:
+                log["offpol_logratio"] += float((logp.detach() - it.old_logp.to(logp.device)).sum())
+                log["offpol_tokens"] += len(logp)
         if not finite:
             break
         prefix.backward()
-    bar.close()
-    kept = max(totals["kept"], 1)
     grad_norm = float("nan")
-    if finite and totals["kept"]:
-        for prm in params:
-            if prm.grad is not None:
-                prm.grad /= totals["kept"]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+    if finite:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.lora_parameters(), cfg.max_grad_norm))
         finite = math.isfinite(grad_norm)
-    stepped = finite and totals["kept"] > 0
-    if stepped:
+    if finite:
         optimizer.step()
+        log["steps"] += 1
+        log["grad_norms"].append(grad_norm)
+    else:
+        log["skipped"] += 1
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": totals["loss"] / kept, "entropy": totals["entropy"] / max(totals["scored"], 1),
-            "clip_ratio": totals["clipped"] / kept, "dual_clip_ratio": totals["dual"] / kept,
-            "masked_fraction": 1.0 - totals["kept"] / max(totals["actions"], 1),
-            "action_tokens": totals["actions"], "scored_tokens": totals["scored"], "grad_norm": grad_norm,
-            "offpolicy_logratio": totals["offpol_logratio"] / max(n_offpol_tokens, 1),
-            "skipped_step": int(not finite)}
+
+
+def set_warmup_lr(optimizer, cfg: Config) -> None:
+    """Linear learning-rate warm-up over the first cfg.lr_warmup_steps optimiser steps (AdamW counts its
+    own steps in its state, so a resumed run continues the schedule)."""
+    state = next(iter(optimizer.state.values()), {})
+    done = int(state.get("step", 0))
+    for g in optimizer.param_groups:
+        g["lr"] = cfg.lr * min(1.0, (done + 1) / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else cfg.lr
+
+
+def update_stats(log: dict, items: list[UpdateItem], n_tokens: int, cfg: Config) -> dict:
+    """What a practitioner reads to see an update going wrong: the loss, how far the ratio moved and how
+    often the clips acted (over every mini-batch step), advantages, invalid actions pushed up, KL."""
+    ratios = torch.cat(log["ratios"]) if log["ratios"] else torch.ones(1)
+    adv = np.array([it.advantage for it in items]) if items else np.zeros(1)
+    # tokens of invalid actions and their advantage: a success with invalid detours teaches the detours
+    inv_tokens = inv_pos = 0
+    for it in items:
+        actions = [seg for kind, seg in it.traj.segments if kind == "action"]
+        for seg, step in zip(actions, it.traj.transcript):
+            if not step.get("valid", True):
+                inv_tokens += len(seg)
+                inv_pos += len(seg) * (it.advantage > 0)
+    kept, scored = max(log["kept"], 1), max(log["actions"], 1)
+    return {"loss": log["loss"] / kept, "entropy": log["entropy"] / scored,
+            "clip_ratio": log["clipped"] / kept, "dual_clip_ratio": log["dual"] / kept,
+            "masked_fraction": 1.0 - log["kept"] / scored if log["actions"] else 0.0,
+            "action_tokens": n_tokens, "scored_tokens": log["actions"],
+            "grad_norm": float(np.mean(log["grad_norms"])) if log["grad_norms"] else float("nan"),
+            "offpolicy_logratio": log["offpol_logratio"] / max(log["offpol_tokens"], 1),
+            "skipped_step": log["skipped"], "update/steps": log["steps"],
+            "update/ratio_mean": float(ratios.mean()), "update/ratio_min": float(ratios.min()),
+            "update/ratio_max": float(ratios.max()),
+            "update/kl_ref": log["kl_ref"] / scored if cfg.kl_coef > 0 else 0.0,
+            "update/grad_norm_max": float(max(log["grad_norms"])) if log["grad_norms"] else float("nan"),
+            "adv/abs_mean": float(np.abs(adv).mean()), "adv/max": float(adv.max()), "adv/min": float(adv.min()),
+            "adv/invalid_tokens": inv_tokens, "adv/invalid_pos_frac": inv_pos / inv_tokens if inv_tokens else 0.0}
+
+
+def probe_kl(policy, probe: list[tuple[list[int], list[bool]]], reference: dict, cfg: Config) -> float:
+    """Approximate KL(pi_ref || pi_theta) per action token on a fixed probe set of episodes the reference
+    (warm-start) policy sampled itself: mean of log pi_ref - log pi_theta over their action tokens (k1,
+    unbiased because the tokens were drawn from pi_ref). 0 before the first update."""
+    if not probe:
+        return 0.0
+    with torch.no_grad():
+        cur = torch.cat([policy.score(ids, mask, cfg.temperature)[0] for ids, mask in probe])
+        with policy.using_lora(reference):
+            ref = torch.cat([policy.score(ids, mask, cfg.temperature)[0] for ids, mask in probe])
+    return float((ref - cur).mean())
 
 
 # ----------------------------------------------------------------------------------------
@@ -564,6 +699,19 @@ def mean_ci95(values) -> tuple[float, float]:
         return float("nan"), float("nan")
     half = 1.96 * x.std(ddof=1) / math.sqrt(len(x)) if len(x) > 1 else float("nan")
     return float(x.mean()), float(half)
+
+
+def paired_difference(before: list[dict], after: list[dict], key: str, scale: float = 1.0, draws: int = 4000,
+                      seed: int = 0) -> tuple[float, float, float]:
+    """Mean of after - before over episodes paired by task_id (each goal once per evaluation), and its
+    95 % bootstrap interval over goals: (mean, low, high), times scale."""
+    b = {e["task_id"]: float(e[key]) for e in before}
+    pairs = [(b[e["task_id"]], float(e[key])) for e in after if e["task_id"] in b]
+    if not pairs:
+        return float("nan"), float("nan"), float("nan")
+    d = scale * np.array([y - x for x, y in pairs])
+    means = np.random.default_rng(seed).choice(d, size=(draws, len(d))).mean(axis=1)
+    return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def json_safe(obj):

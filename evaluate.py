@@ -42,13 +42,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy import stats
 
 import envs
-from empo2 import (MEMORY, NO_UPDATE, Config, add_config_flags, episode_record, episode_stats, eval_subset, evaluate_policy, json_safe, mean_ci95, reflect,
+from empo2 import (MEMORY, NO_UPDATE, Config, add_config_flags, episode_record, episode_stats, eval_subset, evaluate_policy, json_safe, reflect,
                    rollout, store_tips)
 from memory import Embedder, TipMemory, write_atomically
 
-SPLITS = ("test", "ood")
+SPLITS = ("val", "test", "ood")
 STAGES = ("untrained", "warm_start", "trained")   # train.py's eval.json: held-out evaluations of a run
 POLICY_CACHE: dict = {}     # one (key -> Policy) entry: in-process callers (tests, notebooks) load a model once
 EMBEDDER_CACHE: dict = {}
@@ -61,20 +62,22 @@ RUN_SETTINGS = ("env", "model", "dtype", "device", "seed", "eval_temperature", "
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default=None, help="a run folder written by train.py (omit, or 'none': the untrained model)")
-    p.add_argument("--split", choices=SPLITS, default="test", help="test: unseen instances; ood: unseen kinds of task")
+    p.add_argument("--split", choices=SPLITS, default="test", help="val: for choosing settings; test: unseen instances, for final tables only; ood: unseen kinds of task")
     p.add_argument("--memory", choices=("off", "on"), default="off", help="on: the adaptation test (tips, no weight update)")
     p.add_argument("--trials", type=int, default=None, help="trials per task (default: 1 with --memory off, 3 with on)")
     p.add_argument("--episodes", type=int, default=Config.eval_episodes, help=f"N tasks spread evenly over the split, the same as train.py evaluates (default: {Config.eval_episodes})")
     p.add_argument("--out", default=None, help="eval: the JSON file (default RUN/eval_SPLIT_MEMORY.json); "
                                                "--compare: the markdown file (default compare.md; the PNG goes next to it)")
     p.add_argument("--compare", nargs="+", metavar="RUN", default=None, help="put these run folders side by side")
+    p.add_argument("--sweep", nargs="+", metavar="RUN", default=None,
+                   help="runs trained with --val-every: trained - warm start on the validation split, per setting and seed")
     p.add_argument("--metric", default="reward_ext", help="--compare: metrics.jsonl key of the learning curves")
     add_config_flags(p, RUN_SETTINGS, keep_run_settings=True)   # the run's settings, overridden where given
     p.add_argument("--batch-size", type=int, default=8, help="episodes played in lockstep (one env each)")
     args = p.parse_args(argv)
-    if args.compare is not None:
+    if args.compare is not None or args.sweep is not None:
         if args.run is not None:
-            p.error("--compare takes run folders itself; drop --run")
+            p.error("--compare and --sweep take run folders themselves; drop --run")
         return p, args
     if args.env is not None and args.env not in envs.ENV_NAMES:
         p.error(f"unknown --env {args.env!r}; valid environments: {', '.join(envs.ENV_NAMES)}")
@@ -311,10 +314,56 @@ def fmt_ci(mean, ci, digits=1) -> str:
     return f"{mean:.{digits}f} ± {half}"
 
 
+def fmt_ratio(rc: dict) -> str:
+    """A ratio and its 95 % CI from ratio_ci95 or seed_level_ci95."""
+    if rc["ratio"] is None:
+        return "undefined (denominator 0)"
+    return f"{rc['ratio']:.2f} " + ("[CI undefined]" if rc["ratio_ci95"] is None else "[{:.2f}, {:.2f}]".format(*rc["ratio_ci95"]))
+
+
 def fmt_time(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def t_interval(values, level: float = 0.95) -> tuple[float, float]:
+    """Mean and the half-width of the Student's t interval (n - 1 degrees of freedom) at `level`:
+    for a mean over a few seeds, where the normal approximation's 1.96 is far too narrow (n = 3:
+    t = 4.30). The half-width is NaN for one value (no interval) and the mean NaN for none."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) == 0:
+        return float("nan"), float("nan")
+    if len(x) == 1:
+        return float(x[0]), float("nan")
+    t = float(stats.t.ppf(0.5 + level / 2, len(x) - 1))
+    return float(x.mean()), t * float(x.std(ddof=1)) / math.sqrt(len(x))
+
+
+def welch_interval(a, b, level: float = 0.95) -> tuple[float, float, float]:
+    """mean(a) - mean(b), the half-width of its Welch t interval at `level` (unequal variances,
+    Welch-Satterthwaite degrees of freedom) and those degrees of freedom; half-width NaN unless
+    both groups hold at least two values."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    diff = float(a.mean() - b.mean()) if len(a) and len(b) else float("nan")
+    if len(a) < 2 or len(b) < 2:
+        return diff, float("nan"), float("nan")
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:   # every seed of both groups gave the same value: a point
+        return diff, 0.0, float("nan")
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return diff, float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(va + vb), float(df)
+
+
+def fmt_t(values, digits: int = 1, signed: bool = False) -> str:
+    """'mean ± half-width of the 95 % t interval' over `values` (e.g. one per seed); one value: no interval."""
+    mean, half = t_interval(values)
+    if math.isnan(mean):
+        return "–"
+    sign = "+" if signed else ""
+    if len(values) == 1:
+        return f"{mean:{sign}.{digits}f} (n=1, no interval)"
+    return f"{mean:{sign}.{digits}f} ± {half:.{digits}f}"
 
 
 def ratio_ci95(num: list[list[float]], den: list[list[float]], draws: int = 5000, seed: int = 0,
@@ -345,6 +394,54 @@ def ratio_ci95(num: list[list[float]], den: list[list[float]], draws: int = 5000
     return out
 
 
+def seed_level_ci95(num: list[float], den: list[float], draws: int = 5000, seed: int = 0) -> dict:
+    """Group `num` vs group `den` at the level of seeds: each run's mean (one value per seed) is one
+    observation, episodes are not resampled. Ratio of the group means with a 95 % percentile bootstrap
+    over seeds (each group's seeds resampled separately); difference of the group means with a 95 %
+    Welch t interval. Intervals are None unless both groups have at least two seeds; the ratio (and its
+    interval) None where den's mean is 0, the interval also where resampled means of den are often 0."""
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    diff, half, df = welch_interval(num, den)
+    out = {"n": [len(num), len(den)], "difference": diff, "df": None if math.isnan(df) else df,
+           "difference_ci95": None if math.isnan(half) else [diff - half, diff + half], "ratio": None, "ratio_ci95": None}
+    if den.mean() > 0:
+        out["ratio"] = float(num.mean() / den.mean())
+    if out["ratio"] is not None and len(num) > 1 and len(den) > 1:
+        rng = np.random.default_rng(seed)
+        a = num[rng.integers(len(num), size=(draws, len(num)))].mean(axis=1)
+        b = den[rng.integers(len(den), size=(draws, len(den)))].mean(axis=1)
+        ok = b > 0
+        if ok.mean() > 0.975:
+            ratio = a[ok] / b[ok]
+            out["ratio_ci95"] = [float(np.percentile(ratio, 2.5)), float(np.percentile(ratio, 97.5))]
+    return out
+
+
+def paired_by_goal(before: list[dict], after: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The episodes of two evaluations of the same goals, lined up by task_id (in `before`'s order; the
+    k-th episode of a goal with the k-th, where a goal was played more than once); goals only one
+    side played are dropped."""
+    pending: dict = {}
+    for e in after:
+        pending.setdefault(e["task_id"], []).append(e)
+    b, a = [], []
+    for e in before:
+        if pending.get(e["task_id"]):
+            b.append(e)
+            a.append(pending[e["task_id"]].pop(0))
+    return b, a
+
+
+def paired_goal_difference(before: list[dict], after: list[dict], key: str, scale: float = 100.0) -> dict:
+    """One run: mean of after - before over the goals both evaluations played (paired by task_id), with
+    ratio_ci95's paired bootstrap over goals (95 % CI). {"difference", "difference_ci95", "n_goals"}."""
+    b, a = paired_by_goal(before, after)
+    if not b:
+        return {"difference": float("nan"), "difference_ci95": [float("nan")] * 2, "n_goals": 0}
+    d = ratio_ci95([[scale * e[key] for e in a]], [[scale * e[key] for e in b]], paired=True)
+    return {"difference": d["difference"], "difference_ci95": d["difference_ci95"], "n_goals": len(b)}
+
+
 def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
     lines = ["| run | env | algo | seed | score ± 95 % CI | success % ± 95 % CI | eval (episodes) | iterations | wall time | tokens generated |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -358,30 +455,48 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
                      f"| {fmt_time(wall) if rows else '–'} | {f'{tokens:,}' if rows else '–'} |")
     multi = [g for g in groups if len(g) > 1]
     if multi:
-        lines += ["", "Mean over seeds (95 % CI across seeds):", "",
-                  "| group | seeds | score | success % |", "|---|---|---|---|"]
+        lines += ["", "Mean over seeds ± half-width of the 95 % t-interval across seeds (Student's t, n − 1 degrees "
+                  "of freedom, n = seeds with an evaluation; n = 1: no interval):", "",
+                  "| group | seeds | n | score | success % |", "|---|---|---|---|---|"]
         for g in multi:
             scored = [r["main"] for r in g if r["main"]]
-            lines.append(f"| {group_label(g)} | {', '.join(str(r['seed']) for r in g)} "
-                         f"| {fmt_ci(*mean_ci95([m['score'] for m in scored])) if scored else '–'} "
-                         f"| {fmt_ci(*mean_ci95([m['success_rate'] for m in scored])) if scored else '–'} |")
+            lines.append(f"| {group_label(g)} | {', '.join(str(r['seed']) for r in g)} | {len(scored)} "
+                         f"| {fmt_t([m['score'] for m in scored])} | {fmt_t([m['success_rate'] for m in scored])} |")
     # per group (one seed is a group too): each seed's per-episode held-out scores
     episodes = [[[100 * e["reward"] for e in r["main"]["episodes"]] for r in g if r["main"]] for g in groups]
     if len(groups) > 1 and episodes[0]:
-        lines += ["", f"Held-out score of {group_label(groups[0])} relative to each other group "
-                  "(two-level bootstrap over seeds and episodes, 95 % CI; with one seed, over episodes only):", "",
+        wins = [[[100.0 * e["won"] for e in r["main"]["episodes"]] for r in g if r["main"]] for g in groups]
+        lines += ["", f"Held-out score of {group_label(groups[0])} relative to each other group, episode level "
+                  "(two-level bootstrap: resample seeds, then episodes within each; 95 % CI; with one seed, over episodes only):", "",
                   "| vs group | score ratio | score difference | success ratio | success difference (points) |",
                   "|---|---|---|---|---|"]
-        wins = [[[100.0 * e["won"] for e in r["main"]["episodes"]] for r in g if r["main"]] for g in groups]
+        seed_rows = []
         for g, eps, won in zip(groups[1:], episodes[1:], wins[1:]):
             if not eps:
                 continue
-            cells = []
+            cells, seed_cells = [], []
             for rc in (ratio_ci95(episodes[0], eps), ratio_ci95(wins[0], won)):
-                cells.append("undefined (denominator 0)" if rc["ratio"] is None else f"{rc['ratio']:.2f} "
-                             + ("[CI undefined]" if rc["ratio_ci95"] is None else "[{:.2f}, {:.2f}]".format(*rc["ratio_ci95"])))
-                cells.append("{:+.1f} [{:+.1f}, {:+.1f}]".format(rc["difference"], *rc["difference_ci95"]))
+                cells += [fmt_ratio(rc), "{:+.1f} [{:+.1f}, {:+.1f}]".format(rc["difference"], *rc["difference_ci95"])]
+            for first, other in ((episodes[0], eps), (wins[0], won)):  # one mean per seed
+                sl = seed_level_ci95([float(np.mean(x)) for x in first], [float(np.mean(x)) for x in other])
+                n = "n = {} vs {}".format(*sl["n"])
+                seed_cells.append(f"{sl['ratio']:.2f} ({n}: no interval)" if min(sl["n"]) < 2 and sl["ratio"] is not None
+                                  else fmt_ratio(sl))
+                seed_cells.append("{:+.1f} [{:+.1f}, {:+.1f}]".format(sl["difference"], *sl["difference_ci95"])
+                                  if sl["difference_ci95"] is not None else f"{sl['difference']:+.1f} ({n}: no interval)")
             lines.append(f"| {group_label(g)} | " + " | ".join(cells) + " |")
+            seed_rows.append(f"| {group_label(g)} | {len(episodes[0])} vs {len(eps)} | " + " | ".join(seed_cells) + " |")
+        if not any(len(episodes[0]) > 1 and len(eps) > 1 for eps in episodes[1:]):
+            lines += ["", "Seed level: no interval across seeds (n = 1: one seed on at least one side of every comparison)."]
+            seed_rows = []
+        if seed_rows:
+            lines += ["", "The same, seed level (each run's held-out mean is one observation; episodes not resampled): "
+                      "ratio of the group means with a 95 % bootstrap over seeds (each group's seeds resampled separately; "
+                      "with 2–3 seeds a group has only 3–10 distinct resamples, so this interval is coarse and tends to be "
+                      "too narrow), difference of the group means with a 95 % Welch t-interval; both need two seeds or more "
+                      "in each group:", "",
+                      "| vs group | seeds | score ratio, seed bootstrap | score difference, Welch t | success ratio, seed bootstrap "
+                      "| success difference (points), Welch t |", "|---|---|---|---|---|---|", *seed_rows]
     lines += stages_table(groups)
     adapt = [(r, a) for r in runs for a in r["adaptation"]]
     if adapt:
@@ -396,45 +511,100 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
 
 
 def stages_table(groups: list[list[dict]]) -> list[str]:
-    """Per group of seeds: untrained -> warm start -> trained on the held-out split (episodes pooled over
-    seeds, 95 % CI), and trained minus warm start with a two-level bootstrap CI (seeds, then episodes)."""
+    """Per group of seeds: untrained -> warm start -> trained on the held-out split (one run: mean over its
+    episodes ± normal-approximation 95 % CI; several seeds: mean of the per-seed values ± 95 % t-interval
+    across seeds); trained minus warm start with a two-level bootstrap CI (seeds, then episodes); and per
+    seed, trained minus warm start paired by goal, with its mean over seeds (t-interval)."""
     with_stages = [(g, [r for r in g if "trained" in r["stages"]]) for g in groups]
     with_stages = [(g, runs) for g, runs in with_stages if runs]
     if not with_stages:
         return []
-    lines = ["", "Held-out test split, no memory, T = 0.4: the episodes of every run with train.py's eval.json, "
-             "pooled; mean ± 95 % CI:", "",
+    lines = ["", "Held-out test split, no memory, T = 0.4, every run with train.py's eval.json. One run: mean over its "
+             "episodes ± 95 % CI (normal approximation over episodes). Several runs (seeds): mean of the per-seed "
+             "values ± 95 % t-interval across seeds (n − 1 degrees of freedom, n = runs):", "",
              "| group | stage | runs | episodes | score | success % | valid actions % |", "|---|---|---|---|---|---|---|"]
-    diffs = []
+    diffs, per_seed = [], []
     for label, g in ((group_label(g), runs) for g, runs in with_stages):
         for stage in STAGES:
-            eps = [e for r in g if stage in r["stages"] for e in r["stages"][stage]["episodes"]]
-            if eps:
-                st = episode_stats(eps)
-                lines.append(f"| {label} | {stage.replace('_', ' ')} | {sum(stage in r['stages'] for r in g)} | {len(eps)} "
-                             f"| {fmt_ci(st['score'], st['score_ci95'])} | {fmt_ci(st['success_rate'], st['success_ci95'])} "
-                             f"| {fmt_ci(st['valid_action_rate'], st['valid_ci95'])} |")
-        if all("warm_start" in r["stages"] for r in g):
-            runs = {k: [r["stages"][k]["episodes"] for r in g] for k in ("warm_start", "trained")}
-            # the same goals in the same order before and after training: the paired interval applies
-            same_goals = all([e["task_id"] for e in a] == [e["task_id"] for e in b] for a, b in zip(*runs.values()))
+            have = [r["stages"][stage]["episodes"] for r in g if stage in r["stages"]]
+            if not have:
+                continue
+            n_eps = sum(len(eps) for eps in have)
+            if len(have) == 1:
+                st = episode_stats(have[0])
+                cells = [fmt_ci(st["score"], st["score_ci95"]), fmt_ci(st["success_rate"], st["success_ci95"]),
+                         fmt_ci(st["valid_action_rate"], st["valid_ci95"])]
+            else:
+                seeds = [episode_stats(eps) for eps in have]
+                cells = [fmt_t([st[k] for st in seeds if not math.isnan(st[k])])
+                         for k in ("score", "success_rate", "valid_action_rate")]
+            lines.append(f"| {label} | {stage.replace('_', ' ')} | {len(have)} | {n_eps} | " + " | ".join(cells) + " |")
+        both = [r for r in g if "warm_start" in r["stages"]]
+        if len(both) == len(g):
+            # paired: each run's two evaluations lined up by task_id (both play the same held-out goals)
+            lined = [paired_by_goal(r["stages"]["warm_start"]["episodes"], r["stages"]["trained"]["episodes"]) for r in g]
+            runs = {"warm_start": [r["stages"]["warm_start"]["episodes"] for r in g],
+                    "trained": [r["stages"]["trained"]["episodes"] for r in g]}
             cells = []
             for paired in (False, True):
                 for key, scale in (("reward", 100), ("won", 100.0)):
-                    if paired and not same_goals:
+                    if paired and not all(b for b, _ in lined):
                         cells.append("–")
                         continue
-                    d = ratio_ci95(*([[scale * e[key] for e in eps] for eps in runs[k]] for k in ("trained", "warm_start")),
-                                   paired=paired)
+                    if paired:
+                        num, den = [[scale * e[key] for e in a] for _, a in lined], [[scale * e[key] for e in b] for b, _ in lined]
+                    else:
+                        num, den = ([[scale * e[key] for e in eps] for eps in runs[k]] for k in ("trained", "warm_start"))
+                    d = ratio_ci95(num, den, paired=paired)
                     cells.append("{:+.1f} [{:+.1f}, {:+.1f}]".format(d["difference"], *d["difference_ci95"]))
             diffs.append(f"| {label} | " + " | ".join(cells) + " |")
+        per_seed += seed_rows(label, both)
     if diffs:
         lines += ["", "Trained minus warm start, 95 % CI by a two-level bootstrap over seeds and episodes: independent "
                   "(the two evaluations resampled separately) and paired (the same goals resampled together; "
-                  "both evaluations play the same held-out goals):", "",
+                  "both evaluations play the same held-out goals, lined up by task_id):", "",
                   "| group | score difference | success difference (points) | score difference, paired "
                   "| success difference, paired |", "|---|---|---|---|---|", *diffs]
+    if per_seed:
+        lines += ["", "Per seed: warm start and trained policy of each run on the same held-out goals; trained minus warm "
+                  "start paired by task_id, 95 % bootstrap CI over goals; valid actions of the trained policy (% of steps). "
+                  "\"over seeds\": the mean of the per-seed values ± 95 % t-interval across seeds (n − 1 degrees of "
+                  "freedom; for the differences the interval is [low, high]), and how many seeds' differences are above "
+                  "zero; groups of one run have no such row (n = 1: no interval across seeds):", "",
+                  "| run | seed | warm start score | trained score | score difference, paired | warm start success % "
+                  "| trained success % | success difference, paired | valid actions %, trained |",
+                  "|---|---|---|---|---|---|---|---|---|", *per_seed]
     return lines
+
+
+def seed_rows(label: str, runs: list[dict]) -> list[str]:
+    """stages_table's per-seed rows for the runs of one group (each with a warm-start and a trained
+    evaluation), then the row "over seeds" where the group has two runs or more."""
+    def diff(d):
+        return "–" if d["n_goals"] == 0 else "{:+.1f} [{:+.1f}, {:+.1f}]".format(d["difference"], *d["difference_ci95"])
+
+    rows, cols = [], {k: [] for k in ("ws_score", "tr_score", "d_score", "ws_won", "tr_won", "d_won", "valid")}
+    for r in runs:
+        ws, tr = r["stages"]["warm_start"], r["stages"]["trained"]
+        ds, dw = (paired_goal_difference(ws["episodes"], tr["episodes"], key) for key in ("reward", "won"))
+        valid = episode_stats(tr["episodes"])["valid_action_rate"]
+        for k, v in zip(cols, (ws["score"], tr["score"], ds["difference"], ws["success_rate"], tr["success_rate"],
+                               dw["difference"], valid)):
+            cols[k].append(v)
+        rows.append(f"| {r['name']} | {r['seed']} | {ws['score']:.1f} | {tr['score']:.1f} | {diff(ds)} "
+                    f"| {ws['success_rate']:.1f} | {tr['success_rate']:.1f} | {diff(dw)} | "
+                    + ("–" if math.isnan(valid) else f"{valid:.1f}") + " |")
+    if len(runs) > 1:
+        def over(values):
+            values = [v for v in values if not math.isnan(v)]
+            mean, half = t_interval(values)
+            if len(values) < 2:
+                return fmt_t(values, signed=True)
+            return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]; {sum(v > 0 for v in values)} of {len(values)} > 0"
+        rows.append(f"| {label} | over seeds (n = {len(runs)}) | {fmt_t(cols['ws_score'])} | {fmt_t(cols['tr_score'])} "
+                    f"| {over(cols['d_score'])} | {fmt_t(cols['ws_won'])} | {fmt_t(cols['tr_won'])} | {over(cols['d_won'])} "
+                    f"| {fmt_t([v for v in cols['valid'] if not math.isnan(v)])} |")
+    return rows
 
 
 def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:
@@ -506,8 +676,51 @@ def compare(parser, args) -> int:
     return 0
 
 
+def sweep(parser, args) -> int:
+    """The validation table settings are chosen by: per run, the val split's success and score before
+    (warm start) and after training, paired over the same goals, the lowest valid-action rate seen in
+    training or validation, and the largest KL to the warm start; per setting, the mean over seeds with
+    a Student's t interval. Run names are SETTING-sSEED (scripts/sweep.sh)."""
+    from empo2 import paired_difference
+    rows, by_setting = [], {}
+    for path in map(Path, args.sweep):
+        try:
+            ev = json.loads((path / "eval.json").read_text())
+            metrics = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+        except (OSError, ValueError) as e:
+            parser.error(f"--sweep {path}: unreadable run ({e})")
+        if "warm_start_val" not in ev or "trained_val" not in ev:
+            print(f"skipped {path}: no validation before and after training (train with --val-every)")
+            continue
+        before, after = ev["warm_start_val"]["episodes"], ev["trained_val"]["episodes"]
+        win, score = (paired_difference(before, after, k, 100.0) for k in ("won", "reward"))
+        valid = min([100 * m["valid_action_rate"] for m in metrics] +
+                    [m["val/valid_action_rate"] for m in metrics if m.get("val/valid_action_rate") is not None])
+        setting = re.sub(r"-s\d+$", "", path.name.rstrip("/"))
+        by_setting.setdefault(setting, []).append((win[0], score[0]))
+        minutes = sum(m.get("time/iteration_s", 0) for m in metrics) / 60
+        rows.append(f"| {path.name} | {ev['warm_start_val']['success_rate']:.1f} → {ev['trained_val']['success_rate']:.1f} "
+                    f"| {win[0]:+.1f} [{win[1]:+.1f}, {win[2]:+.1f}] | {score[0]:+.1f} [{score[1]:+.1f}, {score[2]:+.1f}] "
+                    f"| {valid:.0f} % | {max(m.get('kl/probe', 0) for m in metrics):.3f} | {minutes:.1f} |")
+    lines = ["Validation split, trained − warm start, paired over the same goals (95 % bootstrap CI over goals):", "",
+             "| run | val success % | success difference | score difference | lowest valid actions | max KL to warm start "
+             "| training min |", "|---|---|---|---|---|---|---|", *rows, "",
+             "Per setting, mean over seeds ± Student's t 95 % half-width:", "",
+             "| setting | seeds | success difference | score difference | seeds with success gain > 0 |", "|---|---|---|---|---|"]
+    for setting, vals in by_setting.items():
+        (w, wh), (sc, sh) = t_interval([v[0] for v in vals]), t_interval([v[1] for v in vals])
+        lines.append(f"| {setting} | {len(vals)} | {w:+.1f} ± {wh:.1f} | {sc:+.1f} ± {sh:.1f} | {sum(v[0] > 0 for v in vals)} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        write_atomically(Path(args.out), text)
+    return 0
+
+
 def main(argv=None) -> int:
     parser, args = parse_args(argv)
+    if args.sweep is not None:
+        return sweep(parser, args)
     return compare(parser, args) if args.compare is not None else evaluate(parser, args)
 
 

@@ -208,6 +208,28 @@ class Policy:
     def lora_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def lora_state(self) -> dict[str, torch.Tensor]:
+        """A copy of the trainable (LoRA) weights, by name: e.g. the warm start, as the KL reference."""
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    @contextmanager
+    def using_lora(self, state: dict[str, torch.Tensor]):
+        """The LoRA weights set to `state` (from lora_state) for as long as the context lasts, then restored
+        bit for bit: how the reference policy is scored without a second copy of the model."""
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        if set(params) != set(state):
+            raise ValueError("the reference LoRA weights do not match this model's adapter")
+        saved = self.lora_state()
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(state[n])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(saved[n])
+
     @contextmanager
     def sampling(self):
         """The one way this project samples: a Lockstep sampler (one KV cache across calls) with the LoRA

@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 import envs
-from empo2 import (MEMORY, PLAIN, Config, add_config_flags, episode_returns, eval_subset, evaluate_policy, grpo_advantages, intrinsic_rewards, json_safe,
-                   reflect, rollout, sample_modes, store_tips, update_policy)
+from empo2 import (MEMORY, PLAIN, Config, add_config_flags, episode_returns, eval_subset, evaluate_policy, grpo_advantages,
+                   intrinsic_rewards, json_safe, paired_difference, probe_kl, reflect, rollout, sample_modes, store_tips,
+                   update_policy)
 from memory import Embedder, NoveltyCounter, TipMemory, write_atomically
 from warm_start import source_hash, warm_start
 
@@ -57,11 +58,13 @@ def set_rng_state(rng: np.random.Generator, state: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def save_checkpoint(run: Path, iteration: int, policy, optimizer, memory, novelty, rng, cfg: Config) -> None:
+def save_checkpoint(run: Path, iteration: int, policy, optimizer, memory, novelty, rng, cfg: Config,
+                    reference: dict, probe: list) -> None:
     """One plain dict, written to a temp file and renamed: a kill mid-save keeps the previous one."""
     from peft import get_peft_model_state_dict
     ckpt = {"iteration": iteration, "config": dataclasses.asdict(cfg),
             "lora": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(policy.model).items()},
+            "reference": {k: v.cpu() for k, v in reference.items()}, "probe": probe,
             "optimizer": optimizer.state_dict(), "rng": rng_state(rng),
             "memory": json.dumps(memory.to_dict()), "novelty": json.dumps(novelty.to_dict())}
     tmp = run / "checkpoint.pt.tmp"
@@ -87,9 +90,9 @@ def load_checkpoint(run: Path, policy, rng) -> dict:
     return ckpt
 
 
-def print_eval(label: str, e: dict, cfg: Config) -> None:
+def print_eval(label: str, e: dict, cfg: Config, split: str = "test") -> None:
     cached = " (cached)" if e.get("cached") else ""
-    print(f"{label:11s} (test split, no memory, T={cfg.eval_temperature}): score {e['score']:.1f} ± {e['score_ci95']:.1f}, "
+    print(f"{label:11s} ({split} split, no memory, T={cfg.eval_temperature}): score {e['score']:.1f} ± {e['score_ci95']:.1f}, "
           f"success {e['success_rate']:.1f} ± {e['success_ci95']:.1f} %, valid actions {e['valid_action_rate']:.0f} %, "
           f"{e['mean_steps']:.1f} steps, {len(e['episodes'])} episodes{cached}", flush=True)
 
@@ -164,7 +167,8 @@ def write_sample(run: Path, iteration: int, trajs) -> None:
 def iteration_metrics(it: int, trajs, returns: torch.Tensor, cfg: Config, memory, novelty, stats: dict) -> dict:
     """One metrics.jsonl line: returns, success, learning signal, modes as trained, truncation, memory."""
     ext = np.array([tr.ext_return for tr in trajs])
-    per_group = returns.view(cfg.tasks_per_iter, cfg.group_size)
+    # groups with no signal: judged on the EXTRINSIC return (novelty noise and penalties always differ)
+    per_group = torch.tensor(ext, dtype=torch.float32).view(cfg.tasks_per_iter, cfg.group_size)
     first = trajs[::cfg.group_size]   # one episode per group: its modes
     off = [any(t.scored_without_tips for t in trajs if t.group == tr.group) for tr in first]
 
@@ -175,6 +179,8 @@ def iteration_metrics(it: int, trajs, returns: torch.Tensor, cfg: Config, memory
             "reward_ext": float(ext.mean()), "reward_int": float(np.mean([tr.int_return for tr in trajs])),
             "success_rate": float(np.mean([tr.won for tr in trajs])),
             "frac_reward_zero_std": float((per_group.std(dim=1) < 1e-6).float().mean()),
+            "frac_return_zero_std": float((returns.view(cfg.tasks_per_iter, cfg.group_size).std(dim=1) < 1e-6).float().mean()),
+            "invalid_actions": float(np.mean([tr.invalid_actions for tr in trajs])),
             "valid_action_rate": float(np.mean([s.get("valid", False) for tr in trajs for s in tr.transcript] or [0])),
             "episode_steps": float(np.mean([len(tr.rewards) for tr in trajs])),
             "truncated": int(sum(tr.truncated for tr in trajs)),
@@ -187,7 +193,8 @@ def iteration_metrics(it: int, trajs, returns: torch.Tensor, cfg: Config, memory
             "tokens_generated": sum(len(s) for tr in trajs for kind, s in tr.segments if kind == "action")}
 
 
-def save_iteration(run: Path, rows: list[dict], trajs, policy, optimizer, memory, novelty, rng, cfg: Config) -> None:
+def save_iteration(run: Path, rows: list[dict], trajs, policy, optimizer, memory, novelty, rng, cfg: Config,
+                   reference: dict, probe: list) -> None:
     """Every file of the iteration first, the checkpoint last: --resume restarts after the last checkpoint."""
     it = rows[-1]["iteration"]
     with open(run / "metrics.jsonl", "a") as f:
@@ -196,7 +203,7 @@ def save_iteration(run: Path, rows: list[dict], trajs, policy, optimizer, memory
     memory.save(run / "memory.json")
     save_adapter(run, policy)
     plot_learning_curve(run, rows)
-    save_checkpoint(run, it + 1, policy, optimizer, memory, novelty, rng, cfg)
+    save_checkpoint(run, it + 1, policy, optimizer, memory, novelty, rng, cfg, reference, probe)
 
 
 def save_adapter(run: Path, policy) -> None:
@@ -223,9 +230,10 @@ def open_run(cfg: Config) -> tuple[Config, Path]:
     return cfg, run
 
 
-def task_lists(cfg: Config) -> tuple[list, list]:
-    """(training tasks, held-out evaluation tasks): --train-tasks spread over the train split; --eval-episodes
-    spread over the test split, cycled through when the split is smaller."""
+def task_lists(cfg: Config) -> tuple[list, list, list]:
+    """(training, validation, held-out test tasks): --train-tasks spread over the train split; --val-episodes
+    over the val split (when --val-every is set); --eval-episodes spread over the test split, cycled
+    through when the split is smaller."""
     make_kwargs, task_kwargs = envs.settings(cfg.env, cfg.max_steps, cfg.task_names)
     train_tasks = envs.tasks(cfg.env, "train", **task_kwargs)
     if cfg.train_tasks:
@@ -233,10 +241,12 @@ def task_lists(cfg: Config) -> tuple[list, list]:
     test_tasks = envs.tasks(cfg.env, "test", **task_kwargs)
     eval_tasks = eval_subset(test_tasks, cfg.eval_episodes)
     eval_tasks += [test_tasks[k % len(test_tasks)] for k in range(len(eval_tasks), cfg.eval_episodes)]
-    return train_tasks, eval_tasks
+    val_tasks = eval_subset(envs.tasks(cfg.env, "val", **task_kwargs), cfg.val_episodes) if cfg.val_every else []
+    return train_tasks, val_tasks, eval_tasks
 
 
-def resume_state(run: Path, cfg: Config, policy, rng, memory, novelty) -> tuple[int, dict, dict | None, list, TipMemory, NoveltyCounter]:
+def resume_state(run: Path, cfg: Config, policy, rng, memory, novelty) -> tuple[int, dict, dict | None, list, TipMemory,
+                                                                               NoveltyCounter]:
     """(first iteration, evals, checkpoint, metrics rows, memory, novelty): where a run continues."""
     start, evals, ckpt = 0, {}, None
     if cfg.resume and (run / "checkpoint.pt").exists():
@@ -251,8 +261,9 @@ def resume_state(run: Path, cfg: Config, policy, rng, memory, novelty) -> tuple[
     return start, evals, ckpt, rows, memory, novelty
 
 
-def starting_point(run: Path, cfg: Config, policy, pool, eval_tasks, evals: dict, start: int) -> None:
-    """The untrained model's held-out evaluation, then (first start only) the warm start and its evaluation."""
+def starting_point(run: Path, cfg: Config, policy, pool, eval_tasks, val_tasks, evals: dict, start: int) -> None:
+    """The untrained model's held-out evaluation, then (first start only) the warm start and its evaluations
+    (test split; validation split too with --val-every, so choices can be judged by paired differences there)."""
     if eval_tasks and "untrained" not in evals:  # with the example turns: without them it writes few valid actions
         evals["untrained"] = cached_evaluation(policy, pool, eval_tasks, dataclasses.replace(cfg, demo="on"), "untrained")
         write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
@@ -267,6 +278,10 @@ def starting_point(run: Path, cfg: Config, policy, pool, eval_tasks, evals: dict
         evals["warm_start"]["demonstrator"] = ws["demonstrator"]
         write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
         print_eval("warm start", evals["warm_start"], cfg)
+    if val_tasks and "warm_start_val" not in evals:
+        evals["warm_start_val"] = cached_evaluation(policy, pool, val_tasks, cfg, Path(ws["folder"]).name)
+        write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
+        print_eval("warm start", evals["warm_start_val"], cfg, "val")
 
 
 def final_evaluation(run: Path, cfg: Config, policy, pool, eval_tasks, evals: dict) -> None:
@@ -280,13 +295,27 @@ def final_evaluation(run: Path, cfg: Config, policy, pool, eval_tasks, evals: di
     for key, label in (("untrained", "untrained"), ("warm_start", "warm start"), ("trained", "trained")):
         if key in evals:
             print_eval(label, evals[key], cfg)
+    if "warm_start" in evals and "trained" in evals and cfg.iterations > 0:
+        # the same goals, evaluation seed and temperature before and after: the paired interval applies
+        score = paired_difference(evals["warm_start"]["episodes"], evals["trained"]["episodes"], "reward", 100.0)
+        won = paired_difference(evals["warm_start"]["episodes"], evals["trained"]["episodes"], "won", 100.0)
+        print(f"trained - warm start, paired over the same {len(eval_tasks)} goals (95 % bootstrap CI): score "
+              f"{score[0]:+.1f} [{score[1]:+.1f}, {score[2]:+.1f}], success {won[0]:+.1f} [{won[1]:+.1f}, {won[2]:+.1f}] "
+              f"points{'' if score[1] > 0 or score[2] < 0 else ' (the interval holds 0: no measurable change)'}")
 
 
-def print_iteration(row: dict, memory) -> None:
+def print_iteration(row: dict, memory, cfg: Config) -> None:
+    val = (f" | val success {row['val/success_rate']:.0f} % valid {row['val/valid_action_rate']:.0f} %"
+           if "val/success_rate" in row else "")
     print(f"iter {row['iteration']:3d} | return {row['reward']:.3f} (ext {row['reward_ext']:.3f}) | success "
           f"{100 * row['success_rate']:.0f} % | no-signal groups {row['frac_reward_zero_std']:.2f} | "
           f"valid {row['valid_action_rate']:.2f} | loss {row['loss']:+.4f} | ent {row['entropy']:.2f} | "
-          f"clip {row['clip_ratio']:.3f} | mem {len(memory)} | {row['time/iteration_s']:.0f}s", flush=True)
+          f"ratio {row['update/ratio_min']:.2f}-{row['update/ratio_max']:.2f} clip {row['clip_ratio']:.3f} | "
+          f"kl {row['kl/probe']:.4f} | mem {len(memory)}{val} | {row['time/iteration_s']:.0f}s", flush=True)
+    for where, rate in (("training", 100 * row["valid_action_rate"]), ("validation", row.get("val/valid_action_rate"))):
+        if rate is not None and rate < 100 * cfg.valid_alarm:
+            print(f"WARNING: {where} valid-action rate {rate:.0f} % is below --valid-alarm {100 * cfg.valid_alarm:.0f} %: "
+                  f"the policy is forgetting how to act (lower --lr, or add --kl-coef)", file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:
@@ -296,7 +325,7 @@ def main(argv=None) -> int:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    train_tasks, eval_tasks = task_lists(cfg)
+    train_tasks, val_tasks, eval_tasks = task_lists(cfg)
     make_kwargs = envs.settings(cfg.env, cfg.max_steps, cfg.task_names)[0]
     pool = [envs.make(cfg.env, split="train", seed=cfg.seed + i, **make_kwargs)
             for i in range(cfg.tasks_per_iter * cfg.group_size)]
@@ -305,7 +334,10 @@ def main(argv=None) -> int:
     start, evals, ckpt, rows, memory, novelty = resume_state(
         run, cfg, policy, rng, TipMemory(cfg.memory_threshold, cfg.memory_top_k, cfg.memory_capacity),
         NoveltyCounter(cfg.novelty_threshold))
-    starting_point(run, cfg, policy, pool, eval_tasks, evals, start)
+    starting_point(run, cfg, policy, pool, eval_tasks, val_tasks, evals, start)
+    # the reference policy (KL penalty, KL probe) is where RL starts: the warm start
+    reference = ckpt["reference"] if ckpt and "reference" in ckpt else policy.lora_state()
+    probe = ckpt.get("probe", []) if ckpt else []
     optimizer = torch.optim.AdamW(policy.lora_parameters(), lr=cfg.lr, weight_decay=0.0)
     if ckpt is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -328,19 +360,32 @@ def main(argv=None) -> int:
             # step 4: intrinsic reward r_int = c / n for the states each episode visited
             if cfg.intrinsic_coef > 0:
                 intrinsic_rewards(trajs, novelty, embedder, cfg.intrinsic_coef)
-            # step 5: return = extrinsic + intrinsic, GRPO advantage per group
-            returns = episode_returns(trajs)
-            advantages = grpo_advantages(returns, groups)
-            # steps 6-9: the hybrid update (on-policy, on-policy with tips, off-policy without them), one step
-            stats = update_policy(policy, optimizer, trajs, advantages, cfg)
+            # step 5: return = extrinsic + intrinsic - invalid-action penalty, GRPO advantage per group
+            returns = episode_returns(trajs, cfg.invalid_penalty)
+            advantages = grpo_advantages(returns, groups, cfg.adv_std_floor)
+            # steps 6-9: the hybrid update (on-policy, on-policy with tips, off-policy without them), mini-batch PPO
+            if not probe and start == 0:  # the warm start's own episodes, to measure how far RL moves from it
+                probe = [tr.tokens(with_tips=False) for tr in acted[::max(len(acted) // max(cfg.probe_episodes, 1), 1)]
+                         ][:cfg.probe_episodes]
+            stats = update_policy(policy, optimizer, trajs, advantages, cfg, reference if cfg.kl_coef > 0 else None, rng)
+            stats["kl/probe"] = probe_kl(policy, probe, reference, cfg)
+            t_update = time.time() - t0 - t_rollout - t_reflect
+            if cfg.val_every and ((it + 1) % cfg.val_every == 0 or it + 1 == cfg.iterations):
+                val = evaluate_policy(policy, pool, val_tasks, cfg, desc="validation", seed=cfg.seed)
+                if it + 1 == cfg.iterations:   # the validation figure a choice of settings is judged by
+                    evals["trained_val"] = {**val, "iterations": cfg.iterations}
+                    write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
+                stats.update({"val/score": val["score"], "val/success_rate": val["success_rate"],
+                              "val/valid_action_rate": val["valid_action_rate"], "time/val_s": time.time() - t0 - t_rollout
+                              - t_reflect - t_update})
 
             row = iteration_metrics(it, trajs, returns, cfg, memory, novelty, stats)
             row.update({"memory/stored": stored, "time/rollout_s": t_rollout, "time/reflect_s": t_reflect,
-                        "time/update_s": time.time() - t0 - t_rollout - t_reflect, "time/iteration_s": time.time() - t0,
+                        "time/update_s": t_update, "time/iteration_s": time.time() - t0,
                         "tokens_per_s": row["tokens_generated"] / max(t_rollout, 1e-9)})
             rows.append(row)
-            save_iteration(run, rows, trajs, policy, optimizer, memory, novelty, rng, cfg)
-            print_iteration(row, memory)
+            save_iteration(run, rows, trajs, policy, optimizer, memory, novelty, rng, cfg, reference, probe)
+            print_iteration(row, memory, cfg)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the last finished iteration is saved; continue with: "
               f"python train.py --env {cfg.env} --name {run.name} --out {cfg.out} --resume", file=sys.stderr)

@@ -13,7 +13,9 @@ Conventions shared by every environment:
 - The rewards of one episode sum to at most 1 (the trainer's extrinsic return); info["score"]
   is the environment's own progress measure (webshop-mini and rooms: 0-1, scienceworld: 0-100).
 - Each environment documents its reward, step limit and splits in its module docstring.
-- Splits: "train", "test" (same kind of tasks, unseen instances) and "ood" (unseen kinds).
+- Splits: "train"; "val" and "test" (same kind of tasks, unseen instances, disjoint from train
+  and from each other: choose hyper-parameters on val, keep test for the final tables); "ood"
+  (unseen kinds). webshop-mini also has "all".
 
 Environment modules are imported lazily, so `import envs` never starts a simulator.
 """

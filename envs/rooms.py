@@ -10,9 +10,10 @@ here." and earns nothing. The target sits two doors away, behind the hallway.
 Reward: 1.0 when the goal action is done on the target, which ends the episode; 0 otherwise.
 Step limit: 10 (max_steps). An action is matched after envs.normalize_action; text that is the
 last words of exactly one valid action ("hallway" for "go to hallway") runs that action. info["score"] is 1.0 once won, else 0.0.
-Splits: "train" (60 tasks) and "test" (100 tasks, unseen layouts) use the kinds "turn on ...
+Splits: "train" (60 tasks), "val" (40 tasks, layouts in neither train nor test: for choosing
+hyper-parameters) and "test" (100 tasks, layouts unseen in train) use the kinds "turn on ...
 light bulb" and "open ... box"; "ood" (30 tasks) uses a kind never seen in training,
-"water ... plant".
+"water ... plant". Each split has its own seed; a layout is the tuple _signature() returns.
 """
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ KINDS = {
     "box": ("open", "box", "The {obj} is now open. Task complete!"),
     "plant": ("water", "plant", "The {obj} is now watered. Task complete!"),
 }
-SPLIT_KINDS = {"train": ("bulb", "box"), "test": ("bulb", "box"), "ood": ("plant",)}
-SPLIT_SIZES = {"train": 60, "test": 100, "ood": 30}
-SPLIT_SEEDS = {"train": 0, "test": 1, "ood": 2}
+SPLIT_KINDS = {"train": ("bulb", "box"), "test": ("bulb", "box"), "ood": ("plant",), "val": ("bulb", "box")}
+SPLIT_SIZES = {"train": 60, "test": 100, "ood": 30, "val": 40}
+SPLIT_SEEDS = {"train": 0, "test": 1, "ood": 2, "val": 3}
+# the splits whose layouts a split must avoid (test was made before val existed, so it avoids train only)
+SPLIT_AVOIDS = {"test": ("train",), "val": ("train", "test")}
 FURNITURE = ("a table", "a chair", "a shelf", "a rug", "a lamp", "a cupboard")
 
 
@@ -59,8 +62,8 @@ def tasks(split: str, **_) -> list[RoomsTask]:
     if split not in SPLIT_KINDS:
         raise ValueError(f"unknown split {split!r} for rooms; valid: {', '.join(SPLIT_KINDS)}")
     rng = random.Random(SPLIT_SEEDS[split])
-    # test layouts must differ from every train layout
-    seen = set() if split != "test" else {_signature(t) for t in tasks("train")}
+    # test layouts differ from every train layout; val layouts from every train and test one
+    seen = {_signature(t) for other in SPLIT_AVOIDS.get(split, ()) for t in tasks(other)}
     out = []
     while len(out) < SPLIT_SIZES[split]:
         kind = SPLIT_KINDS[split][len(out) % len(SPLIT_KINDS[split])]

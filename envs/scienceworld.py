@@ -23,13 +23,16 @@ Tasks: any of the 30 ScienceWorld tasks by name (all_task_names(); task_id
 "scienceworld/<task name>/v<variation>"); default task_names = DEFAULT_TASK_NAMES: the
 red-light-bulb task, a find-and-carry task across rooms and a look-outside-and-reason task,
 all solvable well inside the step limit.
-Splits (the paper's protocol):
+Splits (the paper's protocol, plus "val"):
 - "train": the first 5 of the simulator's training variations of each task in task_names;
+- "val": 10 of its dev variations, spread evenly over the list (all of them where a task has
+  fewer: power-component has 5), for choosing hyper-parameters so test stays for final tables;
 - "test": 20 of its test variations (never trained on), spread evenly over the list (all of
   them where a task has fewer than 20);
 - "ood": every task NOT in task_names, 5 test variations each, spread the same way. Some of
   these need far more steps than max_steps (the genetics tasks' gold paths run 140+).
-num_variations=k overrides the per-task count (train: the first k).
+The simulator's train, dev and test variations of a task are disjoint sets of numbers, so the
+splits share no (task, variation). num_variations=k overrides the per-task count (train: the first k).
 tasks() loads each variation once to read its goal text (a JVM start plus ~0.05 s per
 variation) and caches the answers in memory and in CACHE_PATH (~/.cache/empo2/).
 
@@ -77,7 +80,7 @@ from pathlib import Path
 from envs import Task, invalid_action_message, normalize_action
 
 DEFAULT_TASK_NAMES = ("power-component", "find-living-thing", "lifespan-longest-lived")
-SPLIT_VARIATIONS = {"train": 5, "test": 20, "ood": 5}
+SPLIT_VARIATIONS = {"train": 5, "test": 20, "ood": 5, "val": 10}
 MAX_STEPS = 30
 JAVA_MISSING = "ScienceWorld needs a Java runtime: apt-get install default-jre-headless"
 
@@ -136,7 +139,7 @@ def _stop_simulator(sim) -> None:
 # needs 135 of them). The answers never change for a simulator version, so they are cached
 # in the process and in CACHE_PATH (None: no file), and a simulator starts only on a miss.
 CACHE_PATH = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "empo2" / "scienceworld-tasks.json"
-_cache: dict | None = None   # {"version", "variations": {name: [train, test]}, "instructions": {"name/v": text}}
+_cache: dict | None = None   # {"version", "variations": {name: [train, test, dev]}, "instructions": {"name/v": text}}
 
 
 def _task_cache() -> dict:
@@ -183,12 +186,13 @@ def tasks(split: str, task_names: list[str] | tuple[str, ...] | None = None,
     try:
         out = []
         for name in names:
-            if name not in cache["variations"]:
+            if len(cache["variations"].get(name, ())) < 3:   # files from before val held [train, test]
                 sim = sim or _start_simulator()
                 sim.load(name, 0, "")
-                cache["variations"][name] = [list(sim.get_variations_train()), list(sim.get_variations_test())]
-            train, test = cache["variations"][name]
-            for v in (train[:k] if split == "train" else _spread(test, k)):
+                cache["variations"][name] = [list(sim.get_variations_train()), list(sim.get_variations_test()),
+                                             list(sim.get_variations_dev())]
+            train, test, dev = cache["variations"][name]
+            for v in (train[:k] if split == "train" else _spread(dev if split == "val" else test, k)):
                 key = f"{name}/v{v}"
                 if key not in cache["instructions"]:
                     sim = sim or _start_simulator()

@@ -10,10 +10,13 @@ Both return the same thing, products and goals in WebShop's processed format:
 
 The shipped catalog (`generate_catalog`) is built in-process from the table below with a fixed
 seed: 37 product types in 12 categories, 36 products per type (1,332 products), two goals per
-product (2,664 goals). Nine product types are held out as the "ood" split; of the other 28,
-a quarter of each type's products are targets of "test" goals and the rest of "train" goals,
-so test goals are new instructions for new target products of known types. Every instruction
-text is unique across the catalog. The instructions follow WebShop's human instructions:
+product (2,664 goals). Nine product types are held out as the "ood" split (648 goals); of the
+other 28, a quarter of each type's products (9 of 36) are targets of "test" goals (504), every
+ninth of the other 27 (3 a type) of "val" goals (168, for choosing hyper-parameters) and the
+remaining 24 of "train" goals (1,344), so test and val goals are new instructions for new target
+products of known types. Every instruction text is unique across the catalog. The val goals
+were train goals before val existed (train had 1,512); the goals themselves and the test and
+ood splits are the same as then. The instructions follow WebShop's human instructions:
 "i need a long lasting lipstick in red, and price lower than 30.00 dollars".
 
 `load_webshop_dir` reads WebShop's items_shuffle_1000.json, items_human_ins.json and, when
@@ -33,6 +36,7 @@ CATALOG_SEED = 20220701
 PRODUCTS_PER_TYPE = 36
 GOALS_PER_PRODUCT = 2
 TEST_SHARE = 0.25
+VAL_EVERY = 9      # every ninth of a type's non-test products is a val target (3 of 27)
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]  # WebShop's price limits: multiples of 10
 
 
@@ -350,13 +354,14 @@ def generate_catalog(seed: int = CATALOG_SEED) -> tuple:
     """(products, {split: [goal, ...]}) for the shipped catalog; same seed, same catalog."""
     rng = random.Random(seed)
     brands = [h + t for h in BRAND_HEADS for t in BRAND_TAILS]
-    products, splits, taken, texts = [], {"train": [], "test": [], "ood": []}, set(), set()
+    products, splits, taken, texts = [], {"train": [], "val": [], "test": [], "ood": []}, set(), set()
     for ptype in PRODUCT_TYPES:
         made = [_make_product(ptype, rng, rng.choice(brands), _asin(rng, taken)) for _ in range(PRODUCTS_PER_TYPE)]
         products += made
         n_test = round(len(made) * TEST_SHARE)
         for i, product in enumerate(made):
-            split = "ood" if ptype.ood else ("test" if i < n_test else "train")
+            split = ("ood" if ptype.ood else "test" if i < n_test
+                     else "val" if (i - n_test) % VAL_EVERY == 0 else "train")   # the split takes no rng draw
             for _ in range(GOALS_PER_PRODUCT):
                 for _attempt in range(20):   # every instruction text is unique across all splits
                     goal = _make_goal(ptype, product, rng)

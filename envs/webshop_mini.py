@@ -19,9 +19,11 @@ Reward: WebShop's purchase reward in [0, 1] (envs/webshop_reward.py), paid once,
 which ends the episode; every other step pays 0. info["score"] is that reward (0 before a
 purchase), info["won"] is reward == 1.0 (WebShop's success).
 Step limit: 15 (make(max_steps=...)); invalid actions count as steps.
-Splits (shipped catalog, envs/webshop_catalog.py): "train" (1,512 goals), "test" (504 goals:
-same product types, new instructions for new target products), "ood" (648 goals on 9 product
-types never seen in train) and "all". With data_dir: "all", "test" and "train" (see `tasks`).
+Splits (shipped catalog, envs/webshop_catalog.py): "train" (1,344 goals), "val" (168 goals, for
+choosing hyper-parameters) and "test" (504 goals): same product types, val and test with new
+instructions for new target products; "ood" (648 goals on 9 product types never seen in train)
+and "all" (all 2,664). The val goals were train goals until val existed (train had 1,512); test
+and ood did not change. With data_dir: "all", "test", "val" and "train" (see `tasks`).
 
 What differs from real WebShop: the catalog (1,332 generated products in 37 types instead of
 Amazon's 1.18M or 1k scraped ones); the noun tagger of the type reward (an approximation,
@@ -62,8 +64,8 @@ MAX_STEPS = 15
 SEARCH_FORM = "search[<your query>]"
 BACK, NEXT, PREV, BUY = "back to search", "next >", "< prev", "buy now"
 SUB_PAGES = ("description", "features", "reviews")
-SHIPPED_SPLITS = ("train", "test", "ood", "all")
-REAL_SPLITS = ("train", "test", "all")
+SHIPPED_SPLITS = ("train", "val", "test", "ood", "all")
+REAL_SPLITS = ("train", "val", "test", "all")
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
 _LOOSE_ACTION = re.compile(r"^(search|click)\s*\[\s*(.*?)\s*\]?$", re.S)
 _STOP = frozenset(STOPWORDS_EN)
@@ -89,16 +91,20 @@ class Catalog:
             self.products, self.prices, self.goals = load_webshop_dir(source)
             order = list(range(len(self.goals)))
             random.Random(233).shuffle(order)   # WebShop shuffles its goals with seed 233
-            # WebShop's convention: goals 0-499 test, 1500- train; small files: a fifth test
-            n_test = 500 if len(order) >= 1500 else max(1, len(order) // 5)
-            train_from = 1500 if len(order) >= 1500 else n_test
-            self.split_goals = {"train": order[train_from:], "test": order[:n_test],
-                                "all": list(range(len(self.goals)))}
+            # WebShop's convention: goals 0-499 test, 500-1499 val (its "eval"), 1500- train;
+            # small files: the first fifth test, the next tenth val, the rest train
+            n = len(order)
+            n_test = 500 if n >= 1500 else max(1, n // 5)
+            train_from = 1500 if n >= 1500 else n_test + n // 10
+            self.split_goals = {"train": order[train_from:], "val": order[n_test:train_from],
+                                "test": order[:n_test], "all": list(range(n))}
         else:
             self.products, by_split = generate_catalog()
             self.prices = {p["asin"]: p["pricing"][0] for p in self.products}
+            # train then val fill the indices the train goals had before val existed, so test's and
+            # ood's goal indices did not change
             self.goals, self.split_goals = [], {}
-            for split in ("train", "test", "ood"):
+            for split in ("train", "val", "test", "ood"):
                 start = len(self.goals)
                 self.goals += by_split[split]
                 self.split_goals[split] = list(range(start, len(self.goals)))
@@ -143,7 +149,7 @@ class Catalog:
             raise ValueError(f"unknown split {split!r} for webshop-mini with {where}; valid: {valid}")
         if split not in self._tasks:
             if split == "all" and not self.source:   # the union of the splits, with their own ids
-                out = self.tasks("train") + self.tasks("test") + self.tasks("ood")
+                out = self.tasks("train") + self.tasks("val") + self.tasks("test") + self.tasks("ood")
             else:
                 out = []
                 for k, gi in enumerate(self.split_goals[split]):
@@ -166,9 +172,10 @@ def get_catalog(data_dir: str | None = None) -> Catalog:
 
 
 def tasks(split: str, data_dir: str | None = None, **kwargs) -> list[WebShopTask]:
-    """Tasks of a split. Shipped catalog: train, test, ood, all. With data_dir: every goal of
-    the files in "all"; after WebShop's seed-233 shuffle, goals 0-499 are "test" and 1500- are
-    "train" (with fewer than 1,500 goals: the first fifth is test, the rest train)."""
+    """Tasks of a split. Shipped catalog: train, val, test, ood, all. With data_dir: every goal
+    of the files in "all"; after WebShop's seed-233 shuffle, goals 0-499 are "test", 500-1499
+    "val" (WebShop's "eval" goals) and 1500- "train" (with fewer than 1,500 goals: the first
+    fifth is test, the next tenth val, the rest train; under 10 goals, val is empty)."""
     if kwargs:
         raise TypeError(f"webshop-mini tasks() does not take {', '.join(kwargs)}")
     return get_catalog(data_dir).tasks(split)

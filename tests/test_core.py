@@ -68,7 +68,7 @@ def test_off_policy_scores_new_policy_without_tips_and_old_policy_with_them(tiny
     monkeypatch.setattr(tiny_policy, "score", recording_score)
     opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=1e-3)
     update_policy(tiny_policy, opt, trajs[:1], torch.tensor([1.0]), cfg)
-    (new_ids, new_mask, new_grad), (old_ids, old_mask, old_grad) = calls
+    (old_ids, old_mask, old_grad), (new_ids, new_mask, new_grad) = calls   # pi_old is recorded before any step
     decode = tiny_policy.tokenizer.decode
     assert new_grad and not old_grad
     assert "tricky" not in decode(new_ids) and "<tip>" not in decode(new_ids)
@@ -83,7 +83,8 @@ def test_off_policy_scores_new_policy_without_tips_and_old_policy_with_them(tiny
     calls.clear()
     trajs[1].update_mode = "on-policy-tips"
     update_policy(tiny_policy, opt, trajs[1:], torch.tensor([1.0]), cfg)
-    assert len(calls) == 1 and (calls[0][0], calls[0][1]) == trajs[1].tokens(with_tips=True)
+    assert [(ids, mask) for ids, mask, _ in calls] == [trajs[1].tokens(with_tips=True)] * 2   # old, then new
+    assert [grad for *_, grad in calls] == [False, True]
 
 
 def test_intrinsic_reward_reaches_the_advantages(tiny_policy, embedder):
@@ -149,7 +150,7 @@ def test_non_finite_loss_skips_the_step(tiny_policy, monkeypatch):
     before = [p.detach().clone() for p in tiny_policy.lora_parameters()]
     opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=1e-2)
     stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), cfg)
-    assert stats["skipped_step"] == 1
+    assert stats["skipped_step"] == 2 and stats["update/steps"] == 0   # two mini-batches of one trajectory
     assert all(torch.equal(a, b) for a, b in zip(before, tiny_policy.lora_parameters()))
 
 
@@ -261,3 +262,57 @@ def test_the_low_probability_mask_applies_to_off_policy_tokens_only_by_default(t
     seen.clear()
     stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), Config(**{**cfg.__dict__, "mask_on_policy": True}))
     assert seen == [cfg.min_logp] * 2 and stats["masked_fraction"] == 1.0
+
+
+def test_first_step_ratio_is_exactly_one_and_later_mini_batch_steps_move_and_clip_it(tiny_policy):
+    """pi_old is recorded before the first step, so that step sees ratio 1 exactly; the steps after it
+    see a policy that has moved, and the PPO clip bounds them (docs/algorithm.md, steps 8-9)."""
+    cfg = Config(env="rooms", max_steps=2, max_new_tokens=4, lr=1e-2, min_logp=-1e9, minibatches=1, ppo_epochs=1)
+    tasks, pool = rooms_batch(1, group_size=4)
+    trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 4, cfg, groups=[0] * 4)
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=cfg.lr)
+    one = update_policy(tiny_policy, opt, trajs, adv, cfg)
+    assert one["update/steps"] == 1 and one["update/ratio_min"] == one["update/ratio_max"] == 1.0
+    assert one["clip_ratio"] == 0.0
+    many = update_policy(tiny_policy, opt, trajs, adv, Config(**{**cfg.__dict__, "minibatches": 2, "ppo_epochs": 3}))
+    assert many["update/steps"] == 6
+    assert many["update/ratio_max"] > 1.0 or many["update/ratio_min"] < 1.0
+    assert many["clip_ratio"] > 0.0       # the clip binds once the ratio has moved past 1 +- epsilon
+
+
+def test_kl_to_the_warm_start_is_zero_before_the_first_update(tiny_policy):
+    from empo2 import probe_kl
+    cfg = Config(env="rooms", max_steps=2, max_new_tokens=4, lr=1e-2, min_logp=-1e9, minibatches=2, kl_coef=0.5)
+    tasks, pool = rooms_batch(1, group_size=4)
+    trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 4, cfg, groups=[0] * 4)
+    reference = tiny_policy.lora_state()   # the warm start: where RL begins
+    probe = [tr.tokens() for tr in trajs[:2]]
+    assert probe_kl(tiny_policy, probe, reference, cfg) == 0.0
+    opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=cfg.lr)
+    first = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0, 1.0, -1.0]),
+                          Config(**{**cfg.__dict__, "minibatches": 1}), reference)
+    assert first["update/kl_ref"] == 0.0     # the one step starts at the reference
+    update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0, 1.0, -1.0]), cfg, reference)
+    moved = tiny_policy.lora_state()
+    assert probe_kl(tiny_policy, probe, reference, cfg) > 0.0
+    # scoring the reference swapped its weights in and put the trained ones back, bit for bit
+    assert all(torch.equal(moved[n], p) for n, p in tiny_policy.lora_state().items())
+    assert any(not torch.equal(moved[n], reference[n]) for n in reference)
+
+
+def test_invalid_action_penalty_reaches_the_return_and_the_advantage():
+    from empo2 import Trajectory
+    task = envs.tasks("rooms", "train")[0]
+
+    def episode(valid):
+        tr = Trajectory(task=task, group=0, rollout_mode="plain", update_mode="on-policy")
+        tr.transcript = [{"observation": "", "tips": [], "action": "x", "reward": 0.0, "valid": v} for v in valid]
+        tr.rewards = [0.0] * len(valid)
+        return tr
+    trajs = [episode([True, True, True]), episode([False, True, False])]
+    assert [tr.invalid_actions for tr in trajs] == [0, 2]
+    torch.testing.assert_close(episode_returns(trajs, invalid_penalty=0.05), torch.tensor([0.0, -0.1]))
+    assert torch.all(grpo_advantages(episode_returns(trajs), [0, 0]) == 0)      # no penalty: a tie, no signal
+    adv = grpo_advantages(episode_returns(trajs, invalid_penalty=0.05), [0, 0])
+    assert adv[0] > 0 > adv[1]                                                   # the valid episode is preferred

@@ -254,3 +254,92 @@ def test_clear_errors(tmp_path, capsys, run_dir):
     with pytest.raises(SystemExit):
         evaluate.main(["--compare", str(empty)])
     assert "config.json" in capsys.readouterr().err
+
+
+# ---- statistics over seeds (no model needed) -------------------------------------------
+def test_t_interval_uses_students_t_with_n_minus_1_degrees_of_freedom():
+    values = [2.0, 4.0, 9.0]                                   # mean 5
+    variance = ((2 - 5) ** 2 + (4 - 5) ** 2 + (9 - 5) ** 2) / 2     # sample variance, by hand: 13
+    sd = variance ** 0.5
+    mean, half = evaluate.t_interval(values)
+    assert mean == 5.0
+    assert half == pytest.approx(4.303 * sd / 3 ** 0.5, rel=1e-4)      # t(0.975, 2) = 4.303, not 1.96
+    assert half > 2 * 1.96 * sd / 3 ** 0.5
+    assert evaluate.t_interval([1.0, 3.0])[1] == pytest.approx(12.706 * 2 ** 0.5 / 2 ** 0.5, rel=1e-4)  # t(0.975, 1), sd = sqrt(2)
+    assert evaluate.fmt_t(values) == f"5.0 ± {4.303 * sd / 3 ** 0.5:.1f}"
+
+
+def test_t_interval_of_one_seed_is_no_interval():
+    mean, half = evaluate.t_interval([61.9])
+    assert mean == 61.9 and np.isnan(half)
+    cell = evaluate.fmt_t([61.9])
+    assert cell.startswith("61.9") and "n=1" in cell and "±" not in cell
+    assert np.isnan(evaluate.welch_interval([1.0, 2.0, 3.0], [4.0])[1])   # one seed in a group: no Welch interval
+    sl = evaluate.seed_level_ci95([20.0, 30.0, 40.0], [10.0])
+    assert sl["ratio"] == 3.0 and sl["ratio_ci95"] is None and sl["difference_ci95"] is None
+
+
+def test_welch_interval_by_hand():
+    a, b = [10.0, 12.0, 17.0], [1.0, 5.0]                     # means 13 and 3
+    va, vb = 13.0 / 3, 8.0 / 2                               # s²/n: variances 13 and 8, by hand
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 1)         # Welch-Satterthwaite: 2.80
+    diff, half, got_df = evaluate.welch_interval(a, b)
+    assert diff == 10.0 and got_df == pytest.approx(df)
+    from scipy.stats import t
+    assert half == pytest.approx(t.ppf(0.975, df) * (va + vb) ** 0.5)
+    assert 3.2 < t.ppf(0.975, df) < 3.4                      # a t quantile at ~2.8 degrees of freedom, not 1.96
+    sl = evaluate.seed_level_ci95(a, b)
+    assert sl["difference_ci95"] == pytest.approx([10 - half, 10 + half]) and sl["ratio"] == pytest.approx(13 / 3)
+
+
+def test_seed_level_ratio_resamples_seeds_not_episodes():
+    """Seeds that agree exactly: the seed-level interval is a point whatever the episodes' spread;
+    seeds that disagree: it is not."""
+    same = evaluate.seed_level_ci95([20.0, 20.0, 20.0], [10.0, 10.0, 10.0])
+    assert same["ratio"] == 2 and same["ratio_ci95"] == [2, 2] and same["difference_ci95"] == [10, 10]
+    varied = evaluate.seed_level_ci95([10.0, 20.0, 30.0], [10.0, 10.0, 10.0])
+    lo, hi = varied["ratio_ci95"]
+    assert lo < 2 < hi and lo >= 1 and hi <= 3
+
+
+def episodes(values, order):
+    return [{"task_id": f"g{i}", "reward": values[i], "won": float(values[i] >= 0.5), "steps": 4, "valid_steps": 4}
+            for i in order]
+
+
+def test_per_seed_paired_difference_pairs_by_task_id():
+    """The trained evaluation lists the goals in another order, and plays one goal the warm start did not:
+    every goal improved by exactly 0.05, so paired by goal the difference is +5.0 with no spread."""
+    rng = np.random.default_rng(3)
+    before_vals = list(rng.uniform(0, 0.9, 20))
+    before = episodes(before_vals, range(20))
+    after = episodes([v + 0.05 for v in before_vals], reversed(range(20)))
+    after.insert(5, {"task_id": "extra", "reward": 1.0, "won": 1.0, "steps": 4, "valid_steps": 4})
+    d = evaluate.paired_goal_difference(before, after, "reward")
+    assert d["n_goals"] == 20
+    assert d["difference"] == pytest.approx(5.0) and d["difference_ci95"] == pytest.approx([5.0, 5.0])
+    # by position instead, the same episodes give a wide interval (and the extra goal would count)
+    by_position = evaluate.ratio_ci95([[100 * e["reward"] for e in after[:20]]], [[100 * e["reward"] for e in before]],
+                                      paired=True)
+    assert np.diff(by_position["difference_ci95"])[0] > 10
+
+
+def fake_run(name, seed, before, after):
+    stage = lambda eps: {**evaluate.episode_stats(eps), "episodes": eps}  # noqa: E731
+    return {"name": name, "seed": seed, "stages": {"warm_start": stage(before), "trained": stage(after)}}
+
+
+def test_per_seed_table_and_over_seeds_row():
+    """Two seeds, goals in another order after training: +5 and +15 points paired by goal; the row over
+    seeds is their mean with a t-interval at 1 degree of freedom (12.706), and counts 2 of 2 above zero."""
+    vals = [0.1, 0.3, 0.5, 0.2, 0.8, 0.0, 0.4, 0.6]
+    s0 = fake_run("x-s0", 0, episodes(vals, range(8)), episodes([v + 0.05 for v in vals], [3, 1, 7, 0, 2, 6, 5, 4]))
+    s1 = fake_run("x-s1", 1, episodes(vals, range(8)), episodes([v + 0.15 for v in vals], reversed(range(8))))
+    rows = evaluate.seed_rows("x (2 seeds)", [s0, s1])
+    assert len(rows) == 3
+    assert rows[0].startswith("| x-s0 | 0 |") and "| +5.0 [+5.0, +5.0] |" in rows[0]
+    assert "| +15.0 [+15.0, +15.0] |" in rows[1]
+    half = 12.706 * (50 ** 0.5) / 2 ** 0.5                   # sd of (5, 15) = sqrt(50); n = 2
+    assert rows[2].startswith("| x (2 seeds) | over seeds (n = 2) |")
+    assert f"| +10.0 [{10 - half:+.1f}, {10 + half:+.1f}]; 2 of 2 > 0 |" in rows[2]
+    assert evaluate.seed_rows("x-s0", [s0]) == rows[:1]      # one seed: no row over seeds

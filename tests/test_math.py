@@ -98,3 +98,52 @@ def test_mean_ci95_known_values():
     assert mean == 2.5
     assert half == pytest.approx(1.96 * np.std([1, 2, 3, 4], ddof=1) / 2)
     assert math.isnan(mean_ci95([5.0])[1])
+
+
+def test_advantage_std_floor_keeps_novelty_noise_small():
+    # returns that differ only by ~0.01 (novelty noise): std 0.01; the paper's rule blows them up to +-1
+    r = torch.tensor([0.0, 0.01, 0.02])
+    torch.testing.assert_close(grpo_advantages(r, [0, 0, 0]), torch.tensor([-1.0, 0.0, 1.0]), atol=1e-3, rtol=0)
+    torch.testing.assert_close(grpo_advantages(r, [0, 0, 0], std_floor=0.1), torch.tensor([-0.1, 0.0, 0.1]),
+                               atol=1e-5, rtol=0)
+    # a success among failures (std 0.5) is above the floor: unchanged
+    s = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    torch.testing.assert_close(grpo_advantages(s, [0] * 4, std_floor=0.1), grpo_advantages(s, [0] * 4))
+
+
+def test_kl_to_reference_is_zero_where_the_policies_agree_and_positive_elsewhere():
+    from empo2 import kl_to_reference
+    ref = torch.tensor([-1.0, -2.0, -0.5])
+    logp = ref.clone().requires_grad_(True)
+    kl = kl_to_reference(logp, ref)
+    kl.sum().backward()
+    assert torch.equal(kl, torch.zeros(3)) and torch.equal(logp.grad, torch.zeros(3))
+    # k3 = e^d - d - 1 with d = log pi_ref - log pi_theta = 0.7, by hand
+    assert kl_to_reference(torch.tensor([-1.0]), torch.tensor([-0.3])).item() == pytest.approx(math.exp(0.7) - 0.7 - 1)
+
+
+def test_paired_difference_pairs_by_goal_not_by_position():
+    from empo2 import paired_difference
+    before = [{"task_id": "a", "won": 0}, {"task_id": "b", "won": 1}, {"task_id": "c", "won": 0}]
+    after = [{"task_id": "c", "won": 1}, {"task_id": "b", "won": 1}, {"task_id": "a", "won": 1}]
+    mean, lo, hi = paired_difference(before, after, "won", 100.0)
+    assert mean == pytest.approx(200 / 3)           # a: +1, b: 0, c: +1
+    assert 0 <= lo <= mean <= hi <= 100
+
+
+def test_learning_rate_warmup_is_linear_and_resumes_from_the_optimiser_state():
+    from empo2 import set_warmup_lr
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([w], lr=1.0)
+    cfg = Config(lr=4e-4, lr_warmup_steps=4)
+    seen = []
+    for _ in range(6):
+        set_warmup_lr(opt, cfg)
+        seen.append(opt.param_groups[0]["lr"])
+        w.grad = torch.ones(2)
+        opt.step()
+    assert seen == pytest.approx([1e-4, 2e-4, 3e-4, 4e-4, 4e-4, 4e-4])
+    resumed = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+    resumed.load_state_dict(opt.state_dict())
+    set_warmup_lr(resumed, Config(lr=4e-4, lr_warmup_steps=10))
+    assert resumed.param_groups[0]["lr"] == pytest.approx(4e-4 * 7 / 10)   # 6 steps done: the 7th of 10

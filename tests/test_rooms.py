@@ -1,8 +1,11 @@
 """rooms: the obvious action fails, looking around succeeds; splits; bad input; the protocol."""
+import hashlib
+
 import pytest
 
 import envs
-from envs.rooms import oracle_actions
+from envs import rooms
+from envs.rooms import _signature, oracle_actions
 
 
 def test_unknown_env_and_split_are_clear_errors():
@@ -40,6 +43,40 @@ def test_oracle_solves_every_split_and_splits_are_disjoint():
         rewards = [env.step(a)[1] for a in oracle_actions(task)]
         assert rewards[-1] == 1.0
     assert envs.tasks("rooms", "train") == splits["train"]  # deterministic
+
+
+def _digest(tasks) -> str:
+    return hashlib.sha256(repr([(t.task_id, _signature(t)) for t in tasks]).encode()).hexdigest()[:16]
+
+
+def test_val_split_is_new_layouts_and_leaves_train_and_test_alone():
+    splits = {s: envs.tasks("rooms", s) for s in ("train", "val", "test", "ood")}
+    val = splits["val"]
+    assert len(val) == 40 and {t.kind for t in val} == {"bulb", "box"}
+    assert all(t.task_id.startswith("rooms/val/") for t in val)
+    val_sigs = {_signature(t) for t in val}
+    assert len(val_sigs) == len(val)
+    for other in ("train", "test", "ood"):
+        assert not val_sigs & {_signature(t) for t in splits[other]}, other
+        assert not {t.task_id for t in val} & {t.task_id for t in splits[other]}, other
+    # train and test are what they were before val existed (earlier results used them)
+    assert (len(splits["train"]), len(splits["test"])) == (60, 100)
+    assert (_digest(splits["train"]), _digest(splits["test"])) == ("e926175c140f61b8", "cacb266eb46c5646")
+    assert envs.tasks("rooms", "val") == val  # deterministic
+    env = envs.make("rooms", "val")
+    for task in val:
+        env.reset(task)
+        assert [env.step(a)[1] for a in oracle_actions(task)][-1] == 1.0
+
+
+@pytest.mark.parametrize("other", ["train", "test"])
+def test_val_skips_layouts_of_train_and_test_even_from_their_seed(monkeypatch, other):
+    """Random layouts rarely collide, so disjointness alone would pass without the check: with the
+    other split's seed, val draws that split's layouts first and must skip every one of them."""
+    monkeypatch.setitem(rooms.SPLIT_SEEDS, "val", rooms.SPLIT_SEEDS[other])
+    val = envs.tasks("rooms", "val")
+    assert len(val) == 40
+    assert not {_signature(t) for t in val} & {_signature(t) for t in envs.tasks("rooms", other)}
 
 
 @pytest.mark.parametrize("action", ["", "   ", "x" * 10_000, "🔥 日本語", "go to", "turn on[", "go to moon", None])

@@ -4,6 +4,7 @@ Needs Java and the `scienceworld` package; skipped otherwise. One env (one JVM) 
 the module; the task lists are built from the simulator into a temporary cache file.
 """
 import dataclasses
+import json
 import math
 import random
 import shutil
@@ -110,6 +111,45 @@ def test_splits_follow_the_paper(env):
     assert "red light bulb" in train[0].instruction
     with pytest.raises(dataclasses.FrozenInstanceError):
         train[0].variation = 7
+
+
+def test_val_split_is_the_dev_variations(env):
+    names = sw.DEFAULT_TASK_NAMES
+    val = envs.tasks("scienceworld", "val")
+    others = {s: envs.tasks("scienceworld", s, **kw) for s, kw in
+              (("train", {}), ("test", {}), ("ood", {"num_variations": 1}))}
+    assert val and [t.task_id for t in val] == [t.task_id for t in envs.tasks("scienceworld", "val")]  # deterministic
+    for name in names:
+        env.sim.load(name, 0, "")
+        dev = list(env.sim.get_variations_dev())
+        va = [t.variation for t in val if t.task_name == name]
+        assert len(va) == min(10, len(dev)) and set(va) <= set(dev) and va[0] == dev[0]
+    assert len(val) == 5 + 10 + 10   # power-component has 5 dev variations
+    pairs = {(t.task_name, t.variation) for t in val}
+    for split, ts in others.items():
+        assert not pairs & {(t.task_name, t.variation) for t in ts}, split
+        assert not {t.task_id for t in val} & {t.task_id for t in ts}, split
+    for t in val:
+        assert t.task_id == f"scienceworld/{t.task_name}/v{t.variation}" and t.instruction.startswith("Your task is")
+
+
+def test_a_cache_file_from_before_val_gets_the_dev_variations(env, monkeypatch, tmp_path):
+    """Cache files written before val held [train, test] per task: reading val from one must not
+    break (nor use test variations); the simulator starts once and the file gets the dev list."""
+    train = envs.tasks("scienceworld", "train", task_names=["power-component"])
+    old = json.loads(json.dumps(sw._task_cache()))
+    old["variations"] = {"power-component": old["variations"]["power-component"][:2]}
+    monkeypatch.setattr(sw, "CACHE_PATH", tmp_path / "old.json")
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    monkeypatch.setattr(sw, "_cache", None)
+    starts, start = [], sw._start_simulator
+    monkeypatch.setattr(sw, "_start_simulator", lambda: starts.append(1) or start())
+    val = envs.tasks("scienceworld", "val", task_names=["power-component"])
+    env.sim.load("power-component", 0, "")
+    assert len(starts) == 1 and [t.variation for t in val] == list(env.sim.get_variations_dev())   # all 5
+    assert envs.tasks("scienceworld", "train", task_names=["power-component"]) == train
+    saved = json.loads((tmp_path / "old.json").read_text())["variations"]["power-component"]
+    assert len(saved) == 3 and saved[2] == [t.variation for t in val]
 
 
 def test_task_lists_come_back_from_the_cache_file(monkeypatch, train_tasks):

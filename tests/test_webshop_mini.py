@@ -1,4 +1,5 @@
 """webshop-mini: WebShop's reward, pages, search, splits, the real-data loader and bad input."""
+import hashlib
 import os
 import random
 import shutil
@@ -192,15 +193,43 @@ def test_splits_are_disjoint():
     assert not asins["train"] & asins["test"]          # test targets are unseen products
     assert queries["test"] <= queries["train"]          # ... of seen product types
     assert not queries["ood"] & queries["train"]        # ood: product types never seen in train
-    assert len(by["all"]) == len(by["train"]) + len(by["test"]) + len(by["ood"])
+    assert len(by["all"]) == len(by["train"]) + len(envs.tasks("webshop-mini", "val")) + len(by["test"]) + len(by["ood"])
     ids = [t.task_id for t in by["all"]]
     assert len(set(ids)) == len(ids) and by["test"][123].task_id == "webshop-mini/test/123"
     assert all(t.instruction == cat.goals[t.goal_index]["instruction_text"] for t in by["all"])
     assert envs.tasks("webshop-mini", "test") == by["test"]   # fixed order
 
 
+def _digest(tasks) -> str:
+    return hashlib.sha256(repr([(t.task_id, t.goal_index, t.instruction) for t in tasks]).encode()).hexdigest()[:16]
+
+
+def test_val_split_is_new_products_of_known_types_taken_from_train():
+    by = {s: envs.tasks("webshop-mini", s) for s in ("train", "val", "test", "ood", "all")}
+    cat = get_catalog()
+    assert {s: len(ts) for s, ts in by.items()} == {"train": 1344, "val": 168, "test": 504, "ood": 648, "all": 2664}
+    # test and ood are what they were before val existed (earlier results used them)
+    assert (_digest(by["test"]), _digest(by["ood"])) == ("80ba9bc440f9d902", "20ee0f195e599ed6")
+    val = by["val"]
+    assert all(t.task_id == f"webshop-mini/val/{k}" and t.split == "val" for k, t in enumerate(val))
+    field = lambda ts, key: {cat.goals[t.goal_index][key] for t in ts}  # noqa: E731
+    for other in ("train", "test", "ood"):
+        assert not {t.task_id for t in val} & {t.task_id for t in by[other]}, other
+        assert not {t.goal_index for t in val} & {t.goal_index for t in by[other]}, other
+        assert not {t.instruction for t in val} & {t.instruction for t in by[other]}, other
+        assert not field(val, "asin") & field(by[other], "asin"), other     # val targets are unseen products
+    assert field(val, "query") == field(by["train"], "query")               # ... of every type train has
+    # val was carved out of the old train split: together they hold its 1,512 goals, indices 0-1511
+    assert sorted(t.goal_index for t in by["train"] + val) == list(range(1512))
+    assert [t.goal_index for t in by["all"]] == sorted(t.goal_index for s in ("train", "val", "test", "ood") for t in by[s])
+    assert envs.tasks("webshop-mini", "val") == val                     # deterministic
+    assert catalog_mod.generate_catalog()[1]["val"] == [cat.goals[t.goal_index] for t in val]
+    env = envs.make("webshop-mini", "val", seed=0)
+    assert env.reset()[1]["task_id"].startswith("webshop-mini/val/")   # a goal drawn from val
+
+
 # --- the oracle -----------------------------------------------------------------------------
-@pytest.mark.parametrize("split,minimum", [("test", 0.95), ("ood", 0.95)])
+@pytest.mark.parametrize("split,minimum", [("val", 0.95), ("test", 0.95), ("ood", 0.95)])
 def test_oracle_wins(split, minimum):
     env = envs.make("webshop-mini", split)
     won = []
@@ -331,7 +360,7 @@ def test_bad_arguments():
         envs.make("webshop-mini", data_dir="/nonexistent/webshop")
     with pytest.raises(FileNotFoundError, match="items_human_ins.json"):
         envs.make("webshop-mini", data_dir=os.path.dirname(__file__))
-    with pytest.raises(ValueError, match="valid: train, test, all"):
+    with pytest.raises(ValueError, match="valid: train, val, test, all"):
         envs.tasks("webshop-mini", "ood", data_dir=REAL)
     env = envs.make("webshop-mini", "test")
     with pytest.raises(ValueError, match="data source"):
@@ -364,13 +393,31 @@ def test_real_sample_oracle_buys_every_goal():
     tasks = envs.tasks("webshop-mini", "all", data_dir=REAL)
     assert len(tasks) == 16 and tasks[0].task_id == "webshop-mini/real/0"
     test, train = envs.tasks("webshop-mini", "test", data_dir=REAL), envs.tasks("webshop-mini", "train", data_dir=REAL)
-    assert not {t.task_id for t in test} & {t.task_id for t in train} and len(test) + len(train) == 16
+    val = envs.tasks("webshop-mini", "val", data_dir=REAL)
+    assert (len(test), len(val), len(train)) == (3, 1, 12)   # a fifth test, a tenth val; test as before val
+    assert [t.task_id for t in test] == ["webshop-mini/real/15", "webshop-mini/real/9", "webshop-mini/real/6"]
+    ids = [t.task_id for t in test + val + train]
+    assert len(set(ids)) == len(ids) == 16 and set(ids) == {t.task_id for t in tasks}
+    assert not {t.instruction for t in val} & {t.instruction for t in test + train}
     env = envs.make("webshop-mini", "all", data_dir=REAL)
     for task in tasks:
         obs, _ = env.reset(task)
         assert task.instruction in obs
         _, reward, done, info = run(env, oracle_actions(env))
         assert done and reward == 1.0, (task.task_id, info.get("reward_info"))
+
+
+def test_real_files_with_1500_goals_use_webshops_eval_goals_as_val(monkeypatch, tmp_path):
+    """WebShop's own split of its shuffled goals: 0-499 test, 500-1499 eval (our val), 1500- train."""
+    products, prices, goals = catalog_mod.load_webshop_dir(REAL)
+    many = [dict(g, instruction_text=f"{g['instruction_text']} #{k}") for k in range(100) for g in goals]
+    monkeypatch.setattr("envs.webshop_mini.load_webshop_dir", lambda _: (products, prices, many))
+    split = {s: envs.tasks("webshop-mini", s, data_dir=str(tmp_path)) for s in ("train", "val", "test", "all")}
+    assert {s: len(ts) for s, ts in split.items()} == {"train": 100, "val": 1000, "test": 500, "all": 1600}
+    order = list(range(1600))
+    random.Random(233).shuffle(order)
+    assert [t.goal_index for t in split["val"]] == order[500:1500]
+    assert [t.goal_index for t in split["test"]] == order[:500] and [t.goal_index for t in split["train"]] == order[1500:]
 
 
 def test_real_sample_with_attribute_file(tmp_path):
