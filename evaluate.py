@@ -703,13 +703,14 @@ def sweep(parser, args) -> int:
                     f"| {win[0]:+.1f} [{win[1]:+.1f}, {win[2]:+.1f}] | {score[0]:+.1f} [{score[1]:+.1f}, {score[2]:+.1f}] "
                     f"| {valid:.0f} % | {max(m.get('kl/probe', 0) for m in metrics):.3f} | {minutes:.1f} |")
     lines = ["Validation split, trained − warm start, paired over the same goals (95 % bootstrap CI over goals):", "",
-             "| run | val success % | success difference | score difference | lowest valid actions | max KL to warm start "
+             "| run | val success % | success difference | score difference | lowest valid actions (training, T=1, or val) | max KL to warm start "
              "| training min |", "|---|---|---|---|---|---|---|", *rows, "",
              "Per setting, mean over seeds ± Student's t 95 % half-width:", "",
              "| setting | seeds | success difference | score difference | seeds with success gain > 0 |", "|---|---|---|---|---|"]
     for setting, vals in by_setting.items():
         (w, wh), (sc, sh) = t_interval([v[0] for v in vals]), t_interval([v[1] for v in vals])
-        lines.append(f"| {setting} | {len(vals)} | {w:+.1f} ± {wh:.1f} | {sc:+.1f} ± {sh:.1f} | {sum(v[0] > 0 for v in vals)} |")
+        pm = (lambda m, h: f"{m:+.1f} ± {h:.1f}" if math.isfinite(h) else f"{m:+.1f} (n=1, no interval)")
+        lines.append(f"| {setting} | {len(vals)} | {pm(w, wh)} | {pm(sc, sh)} | {sum(v[0] > 0 for v in vals)} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

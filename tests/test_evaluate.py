@@ -343,3 +343,26 @@ def test_per_seed_table_and_over_seeds_row():
     assert rows[2].startswith("| x (2 seeds) | over seeds (n = 2) |")
     assert f"| +10.0 [{10 - half:+.1f}, {10 + half:+.1f}]; 2 of 2 > 0 |" in rows[2]
     assert evaluate.seed_rows("x-s0", [s0]) == rows[:1]      # one seed: no row over seeds
+
+
+def test_sweep_pairs_validation_goals_and_reports_the_worst_valid_rate(tmp_path, capsys):
+    import json
+
+    import evaluate
+
+    def run(name, before, after, valid):
+        path = tmp_path / name
+        path.mkdir()
+        eps = lambda won: [{"task_id": f"t{i}", "won": w, "reward": float(w)} for i, w in enumerate(won)]
+        (path / "eval.json").write_text(json.dumps({"warm_start_val": {"success_rate": 100 * sum(before) / len(before), "episodes": eps(before)},
+                                                    "trained_val": {"success_rate": 100 * sum(after) / len(after), "episodes": eps(after)[::-1]}}))
+        (path / "metrics.jsonl").write_text("".join(json.dumps({"valid_action_rate": v, "val/valid_action_rate": None,
+                                                                "time/iteration_s": 60.0}) + "\n" for v in valid))
+        return str(path)
+    a = run("grpo-lrx-s0", [0, 0, 1, 0], [1, 0, 1, 1], [0.95, 0.61])   # +2 of 4 goals, reversed order
+    b = run("grpo-lrx-s1", [0, 0, 0, 0], [1, 0, 0, 0], [0.99, 0.97])
+    assert evaluate.main(["--sweep", a, b, "--out", str(tmp_path / "sweep.md")]) == 0
+    text = (tmp_path / "sweep.md").read_text()
+    assert "| grpo-lrx-s0 | 25.0 → 75.0 | +50.0" in text and "| 61 % |" in text
+    # over seeds: mean of +50 and +25 with t(0.975, 1) = 12.706 times sd / sqrt(2) = 12.706 * 17.678 / 1.414
+    assert "| grpo-lrx | 2 | +37.5 ± 158.8 |" in text

@@ -51,4 +51,4 @@ def test_readme_command_parses(argv):
         assert cfg.env in ("rooms", "webshop-mini", "scienceworld")
     else:
         parser, parsed = evaluate.parse_args(args)
-        assert parsed.compare is not None or parsed.run is not None or parsed.env is not None
+        assert parsed.compare is not None or parsed.sweep is not None or parsed.run is not None or parsed.env is not None

@@ -155,3 +155,15 @@ def test_train_cli_on_scienceworld(tmp_path):
     assert row["episode_steps"] == 2 and row["memory/size"] >= 1
     sample = (run / "samples" / "iter_0000.txt").read_text()
     assert "scienceworld/find-living-thing/" in sample and "living thing" in sample
+
+
+def test_a_validation_valid_action_rate_below_the_alarm_is_reported(capsys):
+    from empo2 import Config
+    from train import print_iteration
+    row = {"iteration": 3, "reward": 0.1, "reward_ext": 0.1, "success_rate": 0.1, "frac_reward_zero_std": 0.5,
+           "valid_action_rate": 0.95, "loss": 0.0, "entropy": 0.4, "update/ratio_min": 0.8, "update/ratio_max": 1.3,
+           "clip_ratio": 0.01, "kl/probe": 0.002, "time/iteration_s": 10.0, "val/success_rate": 20.0}
+    print_iteration({**row, "val/valid_action_rate": 95.0}, [], Config())
+    assert "WARNING" not in capsys.readouterr().err
+    print_iteration({**row, "val/valid_action_rate": 62.5}, [], Config())
+    assert "WARNING: validation valid-action rate 62.5 %" in capsys.readouterr().err
