@@ -25,7 +25,7 @@ MARKERS = {
     "01_rollout.ipynb": ["action tokens:", "tokens below log δ", "NOTEBOOK 01 DONE"],
     "02_memory_and_reflection.ipynb": ["stored again: 0 tips", "<tip>", "r_int = 0.100",
                                        "NOTEBOOK 02 DONE"],
-    "03_hybrid_update.ipynb": ["identical ids in both: True", "one optimiser step in", "NOTEBOOK 03 DONE"],
+    "03_hybrid_update.ipynb": ["identical ids in both: True", "optimiser steps in", "NOTEBOOK 03 DONE"],
     "04_empo2_vs_grpo.ipynb": ["EMPO² run:", "GRPO run:", "memory.json:", "Found 2 run(s)", "NOTEBOOK 04 DONE"],
 }
 NOT_DONE = "EXERCISE NOT DONE YET"
