@@ -138,10 +138,7 @@ class Config:
         if self.iterations < 0:
             bad("--iterations must be at least 0 (0: the warm start alone)")
         for name in ("tasks_per_iter", "max_new_tokens", "tip_max_new_tokens", "tip_block_tokens", "warm_start_episodes",
-                     "warm_start_epochs", "warm_start_batch"):
-            if getattr(self, name) < 1:
-                bad(f"--{name.replace('_', '-')} must be at least 1")
-        for name in ("ppo_epochs", "minibatches"):
+                     "warm_start_epochs", "warm_start_batch", "ppo_epochs", "minibatches"):
             if getattr(self, name) < 1:
                 bad(f"--{name.replace('_', '-')} must be at least 1")
         for name in ("intrinsic_coef", "eval_episodes", "max_steps", "train_tasks", "kl_coef", "invalid_penalty",
@@ -538,17 +535,22 @@ def record_logprobs(policy, items: list[UpdateItem], cfg: Config, reference: dic
     sampled the batch; off-policy: that policy saw the tips). With a reference (the warm start's LoRA
     weights), also log pi_ref of the tokens in the context the new policy trains in."""
     prefixes = group_prefixes(items)
-    with torch.no_grad():
+
+    def score_all(context: str) -> list[torch.Tensor]:   # every item, group by group, without gradient
+        out = {}
         for group, seqs in prefixes.items():
             prefix = SharedPrefix(policy, seqs)
-            for it in (it for it in items if it.traj.group == group):
-                it.old_logp = policy.score(*it.old, cfg.temperature, prefix)[0]
+            for k, it in enumerate(items):
+                if it.traj.group == group:
+                    out[k] = policy.score(*getattr(it, context), cfg.temperature, prefix)[0]
+        return [out[k] for k in range(len(items))]
+    with torch.no_grad():
+        for it, logp in zip(items, score_all("old")):
+            it.old_logp = logp
         if reference is not None and cfg.kl_coef > 0:
             with policy.using_lora(reference):
-                for group, seqs in prefixes.items():
-                    prefix = SharedPrefix(policy, seqs)
-                    for it in (it for it in items if it.traj.group == group):
-                        it.ref_logp = policy.score(*it.new, cfg.temperature, prefix)[0]
+                for it, logp in zip(items, score_all("new")):
+                    it.ref_logp = logp
 
 
 def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -678,17 +680,29 @@ def update_stats(log: dict, items: list[UpdateItem], n_tokens: int, cfg: Config)
             "adv/invalid_tokens": inv_tokens, "adv/invalid_pos_frac": inv_pos / inv_tokens if inv_tokens else 0.0}
 
 
-def probe_kl(policy, probe: list[tuple[list[int], list[bool]]], reference: dict, cfg: Config) -> float:
-    """Approximate KL(pi_ref || pi_theta) per action token on a fixed probe set of episodes the reference
-    (warm-start) policy sampled itself: mean of log pi_ref - log pi_theta over their action tokens (k1,
-    unbiased because the tokens were drawn from pi_ref). 0 before the first update."""
+def make_probe(policy, trajs: list[Trajectory], reference: dict, cfg: Config) -> list[dict]:
+    """cfg.probe_episodes episodes spread over the batch (the warm start's own, from the first iteration),
+    with the reference policy's log-probs of their action tokens, scored once: probe_kl compares the
+    current policy with these after every update."""
+    if cfg.probe_episodes == 0 or not trajs:
+        return []
+    chosen = trajs[::max(len(trajs) // cfg.probe_episodes, 1)][:cfg.probe_episodes]   # one per stride
+    probe = [dict(zip(("ids", "mask"), tr.tokens(with_tips=False))) for tr in chosen]
+    with torch.no_grad(), policy.using_lora(reference):
+        for p in probe:
+            p["ref_logp"] = policy.score(p["ids"], p["mask"], cfg.temperature)[0].cpu()
+    return probe
+
+
+def probe_kl(policy, probe: list[dict], cfg: Config) -> float:
+    """Approximate KL(pi_ref || pi_theta) per action token on the probe (make_probe): mean of
+    log pi_ref - log pi_theta over their action tokens (k1, unbiased because the tokens were drawn from
+    pi_ref). 0 before the first update."""
     if not probe:
         return 0.0
     with torch.no_grad():
-        cur = torch.cat([policy.score(ids, mask, cfg.temperature)[0] for ids, mask in probe])
-        with policy.using_lora(reference):
-            ref = torch.cat([policy.score(ids, mask, cfg.temperature)[0] for ids, mask in probe])
-    return float((ref - cur).mean())
+        cur = torch.cat([policy.score(p["ids"], p["mask"], cfg.temperature)[0].cpu() for p in probe])
+    return float((torch.cat([p["ref_logp"] for p in probe]) - cur).mean())
 
 
 # ----------------------------------------------------------------------------------------
@@ -699,19 +713,6 @@ def mean_ci95(values) -> tuple[float, float]:
         return float("nan"), float("nan")
     half = 1.96 * x.std(ddof=1) / math.sqrt(len(x)) if len(x) > 1 else float("nan")
     return float(x.mean()), float(half)
-
-
-def paired_difference(before: list[dict], after: list[dict], key: str, scale: float = 1.0, draws: int = 4000,
-                      seed: int = 0) -> tuple[float, float, float]:
-    """Mean of after - before over episodes paired by task_id (each goal once per evaluation), and its
-    95 % bootstrap interval over goals: (mean, low, high), times scale."""
-    b = {e["task_id"]: float(e[key]) for e in before}
-    pairs = [(b[e["task_id"]], float(e[key])) for e in after if e["task_id"] in b]
-    if not pairs:
-        return float("nan"), float("nan"), float("nan")
-    d = scale * np.array([y - x for x, y in pairs])
-    means = np.random.default_rng(seed).choice(d, size=(draws, len(d))).mean(axis=1)
-    return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def json_safe(obj):

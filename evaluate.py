@@ -681,7 +681,6 @@ def sweep(parser, args) -> int:
     (warm start) and after training, paired over the same goals, the lowest valid-action rate seen in
     training or validation, and the largest KL to the warm start; per setting, the mean over seeds with
     a Student's t interval. Run names are SETTING-sSEED (scripts/sweep.sh)."""
-    from empo2 import paired_difference
     rows, by_setting = [], {}
     for path in map(Path, args.sweep):
         try:
@@ -693,7 +692,8 @@ def sweep(parser, args) -> int:
             print(f"skipped {path}: no validation before and after training (train with --val-every)")
             continue
         before, after = ev["warm_start_val"]["episodes"], ev["trained_val"]["episodes"]
-        win, score = (paired_difference(before, after, k, 100.0) for k in ("won", "reward"))
+        win, score = ([d["difference"], *d["difference_ci95"]] for d in
+                      (paired_goal_difference(before, after, k) for k in ("won", "reward")))
         valid = min([100 * m["valid_action_rate"] for m in metrics] +
                     [m["val/valid_action_rate"] for m in metrics if m.get("val/valid_action_rate") is not None])
         setting = re.sub(r"-s\d+$", "", path.name.rstrip("/"))
@@ -708,9 +708,8 @@ def sweep(parser, args) -> int:
              "Per setting, mean over seeds ± Student's t 95 % half-width:", "",
              "| setting | seeds | success difference | score difference | seeds with success gain > 0 |", "|---|---|---|---|---|"]
     for setting, vals in by_setting.items():
-        (w, wh), (sc, sh) = t_interval([v[0] for v in vals]), t_interval([v[1] for v in vals])
-        pm = (lambda m, h: f"{m:+.1f} ± {h:.1f}" if math.isfinite(h) else f"{m:+.1f} (n=1, no interval)")
-        lines.append(f"| {setting} | {len(vals)} | {pm(w, wh)} | {pm(sc, sh)} | {sum(v[0] > 0 for v in vals)} |")
+        lines.append(f"| {setting} | {len(vals)} | {fmt_t([v[0] for v in vals], signed=True)} "
+                     f"| {fmt_t([v[1] for v in vals], signed=True)} | {sum(v[0] > 0 for v in vals)} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -28,7 +28,7 @@ import torch
 
 import envs
 from empo2 import (MEMORY, PLAIN, Config, add_config_flags, episode_returns, eval_subset, evaluate_policy, grpo_advantages,
-                   intrinsic_rewards, json_safe, paired_difference, probe_kl, reflect, rollout, sample_modes, store_tips,
+                   intrinsic_rewards, json_safe, make_probe, probe_kl, reflect, rollout, sample_modes, store_tips,
                    update_policy)
 from memory import Embedder, NoveltyCounter, TipMemory, write_atomically
 from warm_start import source_hash, warm_start
@@ -297,11 +297,13 @@ def final_evaluation(run: Path, cfg: Config, policy, pool, eval_tasks, evals: di
             print_eval(label, evals[key], cfg)
     if "warm_start" in evals and "trained" in evals and cfg.iterations > 0:
         # the same goals, evaluation seed and temperature before and after: the paired interval applies
-        score = paired_difference(evals["warm_start"]["episodes"], evals["trained"]["episodes"], "reward", 100.0)
-        won = paired_difference(evals["warm_start"]["episodes"], evals["trained"]["episodes"], "won", 100.0)
-        print(f"trained - warm start, paired over the same {len(eval_tasks)} goals (95 % bootstrap CI): score "
-              f"{score[0]:+.1f} [{score[1]:+.1f}, {score[2]:+.1f}], success {won[0]:+.1f} [{won[1]:+.1f}, {won[2]:+.1f}] "
-              f"points{'' if score[1] > 0 or score[2] < 0 else ' (the interval holds 0: no measurable change)'}")
+        from evaluate import paired_goal_difference
+        score, won = (paired_goal_difference(evals["warm_start"]["episodes"], evals["trained"]["episodes"], key)
+                      for key in ("reward", "won"))
+        (lo, hi), (wlo, whi) = score["difference_ci95"], won["difference_ci95"]
+        print(f"trained - warm start, paired over the same {score['n_goals']} goals (95 % bootstrap CI): score "
+              f"{score['difference']:+.1f} [{lo:+.1f}, {hi:+.1f}], success {won['difference']:+.1f} [{wlo:+.1f}, {whi:+.1f}] "
+              f"points{'' if lo > 0 or hi < 0 else ' (the interval holds 0: no measurable change)'}")
 
 
 def print_iteration(row: dict, memory, cfg: Config) -> None:
@@ -366,10 +368,9 @@ def main(argv=None) -> int:
             advantages = grpo_advantages(returns, groups, cfg.adv_std_floor)
             # steps 6-9: the hybrid update (on-policy, on-policy with tips, off-policy without them), mini-batch PPO
             if not probe and start == 0:  # the warm start's own episodes, to measure how far RL moves from it
-                probe = [tr.tokens(with_tips=False) for tr in acted[::max(len(acted) // max(cfg.probe_episodes, 1), 1)]
-                         ][:cfg.probe_episodes]
+                probe = make_probe(policy, acted, reference, cfg)
             stats = update_policy(policy, optimizer, trajs, advantages, cfg, reference if cfg.kl_coef > 0 else None, rng)
-            stats["kl/probe"] = probe_kl(policy, probe, reference, cfg)
+            stats["kl/probe"] = probe_kl(policy, probe, cfg)
             t_update = time.time() - t0 - t_rollout - t_reflect
             if cfg.val_every and ((it + 1) % cfg.val_every == 0 or it + 1 == cfg.iterations):
                 val = evaluate_policy(policy, pool, val_tasks, cfg, desc="validation", seed=cfg.seed)

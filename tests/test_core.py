@@ -282,21 +282,23 @@ def test_first_step_ratio_is_exactly_one_and_later_mini_batch_steps_move_and_cli
 
 
 def test_kl_to_the_warm_start_is_zero_before_the_first_update(tiny_policy):
-    from empo2 import probe_kl
+    from empo2 import make_probe, probe_kl
     cfg = Config(env="rooms", max_steps=2, max_new_tokens=4, lr=1e-2, min_logp=-1e9, minibatches=2, kl_coef=0.5)
     tasks, pool = rooms_batch(1, group_size=4)
     trajs = rollout(tiny_policy, pool, tasks, [("plain", "on-policy")] * 4, cfg, groups=[0] * 4)
     reference = tiny_policy.lora_state()   # the warm start: where RL begins
-    probe = [tr.tokens() for tr in trajs[:2]]
-    assert probe_kl(tiny_policy, probe, reference, cfg) == 0.0
+    probe = make_probe(tiny_policy, trajs[:2], reference, cfg)
+    assert len(probe) == 2
+    assert probe_kl(tiny_policy, probe, cfg) == 0.0
     opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=cfg.lr)
     first = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0, 1.0, -1.0]),
                           Config(**{**cfg.__dict__, "minibatches": 1}), reference)
     assert first["update/kl_ref"] == 0.0     # the one step starts at the reference
     update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0, 1.0, -1.0]), cfg, reference)
     moved = tiny_policy.lora_state()
-    assert probe_kl(tiny_policy, probe, reference, cfg) > 0.0
-    # scoring the reference swapped its weights in and put the trained ones back, bit for bit
+    assert probe_kl(tiny_policy, probe, cfg) > 0.0
+    # scoring the reference swaps its weights in and puts the trained ones back, bit for bit
+    make_probe(tiny_policy, trajs, reference, cfg)
     assert all(torch.equal(moved[n], p) for n, p in tiny_policy.lora_state().items())
     assert any(not torch.equal(moved[n], reference[n]) for n in reference)
 

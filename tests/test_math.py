@@ -123,10 +123,11 @@ def test_kl_to_reference_is_zero_where_the_policies_agree_and_positive_elsewhere
 
 
 def test_paired_difference_pairs_by_goal_not_by_position():
-    from empo2 import paired_difference
+    from evaluate import paired_goal_difference
     before = [{"task_id": "a", "won": 0}, {"task_id": "b", "won": 1}, {"task_id": "c", "won": 0}]
     after = [{"task_id": "c", "won": 1}, {"task_id": "b", "won": 1}, {"task_id": "a", "won": 1}]
-    mean, lo, hi = paired_difference(before, after, "won", 100.0)
+    d = paired_goal_difference(before, after, "won", 100.0)
+    mean, (lo, hi) = d["difference"], d["difference_ci95"]
     assert mean == pytest.approx(200 / 3)           # a: +1, b: 0, c: +1
     assert 0 <= lo <= mean <= hi <= 100
 
