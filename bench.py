@@ -21,6 +21,7 @@ rollout_batched_vs_sequential      tokens/s of 8 rooms episodes in lockstep (one
                                    step) vs the same 8 episodes one after another
 scoring_single_pass_vs_per_turn    scoring the action tokens of a 10-turn trajectory in one forward
                                    pass vs re-encoding the prompt at every turn        (target >= 3)
+env_steps_per_s                    webshop-mini steps/s of a random walk over admissible actions, no model
 retrieval_vectorized_vs_loop       TipMemory.retrieve at 10,000 entries vs a per-entry Python loop
                                    with the same results                              (target >= 50)
 
@@ -115,6 +116,24 @@ def retrieve_loop(memory: TipMemory, task_id: str, query: np.ndarray) -> list[st
         if sim > memory.threshold:
             hits.append((-score, -index, tip))   # highest score first, ties: newest first
     return [tip for _, _, tip in sorted(hits, key=lambda h: (h[0], h[1]))[:memory.top_k]]
+
+
+def bench_env_steps(steps: int = 3000) -> dict:
+    """webshop-mini's own speed: steps/s of a random walk over admissible actions (no model)."""
+    import random
+
+    import envs
+    from envs.webshop_mini import SEARCH_FORM
+    env, rng = envs.make("webshop-mini", "train", seed=0), random.Random(0)
+    tasks, n, start = envs.tasks("webshop-mini", "train"), 0, time.perf_counter()
+    while n < steps:
+        _, info = env.reset(rng.choice(tasks))
+        done = False
+        while not done:
+            acts = info["admissible_actions"]
+            _, _, done, info = env.step("search[red running shoes]" if acts == [SEARCH_FORM] else rng.choice(acts))
+            n += 1
+    return {"env_steps_per_s": n / (time.perf_counter() - start)}
 
 
 def bench_retrieval(entries: int = 10_000, queries: int = 20) -> dict:
@@ -288,6 +307,7 @@ def main():
     policy = load_policy(args.model, args.dtype, args.device)
     result = {"model": args.model, "dtype": str(next(policy.model.parameters()).dtype).replace("torch.", ""),
               "device": str(policy.device), "threads": torch.get_num_threads()}
+    result.update(bench_env_steps())
     result.update(bench_retrieval())
     result.update(bench_scoring(policy))
     result.update(bench_decode(policy))

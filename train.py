@@ -7,6 +7,8 @@
     python train.py --env webshop-mini --model Qwen/Qwen2.5-1.5B-Instruct --tasks-per-iter 16 --group-size 8 \\
         --iterations 200 --eval-episodes 100                 # paper-scale, on a GPU with hub access
     python train.py --env webshop-mini --resume              # continue runs/webshop-mini-empo2-s0
+    python train.py --env rooms --name NAME --out runs/sweep-rooms --resume --eval-episodes 100
+                                                             # a validation-sweep run, now on the test split
 
 A run folder runs/NAME holds config.json, metrics.jsonl (one line per iteration), learning_curve.png,
 samples/ (one transcript and the tips of every iteration), adapter/ (LoRA, PeftModel.from_pretrained),
@@ -15,6 +17,7 @@ memory.json, checkpoint.pt (everything --resume needs) and eval.json (untrained 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import random
@@ -45,6 +48,15 @@ def parse_args(argv=None) -> Config:
     except ValueError as e:
         parser.error(str(e))
     return cfg
+
+
+def given_flags(argv=None) -> set[str]:
+    """The Config fields set on the command line (a resumed run keeps its own value of the others)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_config_flags(parser)
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
 
 
 def rng_state(rng: np.random.Generator) -> dict:
@@ -214,14 +226,23 @@ def save_adapter(run: Path, policy) -> None:
     tmp.replace(run / "adapter")
 
 
-def open_run(cfg: Config) -> tuple[Config, Path]:
-    """The run folder and its config.json; with --resume the saved config (only --iterations may change)."""
+RESUME_MAY_CHANGE = ("iterations", "eval_episodes")  # neither changes what training does up to the last checkpoint
+
+
+def open_run(cfg: Config, given: set[str] = frozenset()) -> tuple[Config, Path]:
+    """The run folder and its config.json; with --resume the saved config, where only the given flags of
+    RESUME_MAY_CHANGE replace the saved values (more iterations; a test evaluation after a validation sweep)."""
     run = Path(cfg.out) / (cfg.name or f"{cfg.env}-{cfg.algo}-s{cfg.seed}")
     if cfg.resume:
         saved = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else None
         if saved is None:
             sys.exit(f"--resume: {run} has no config.json; nothing to resume")
-        saved.update(resume=True, iterations=cfg.iterations)
+        ignored = sorted(k for k in given - set(RESUME_MAY_CHANGE) - {"resume", "name", "out"} if getattr(cfg, k) != saved.get(k))
+        if ignored:
+            print(f"--resume: the run keeps its own settings; ignored: {', '.join('--' + k.replace('_', '-') for k in ignored)}",
+                  file=sys.stderr)
+        saved.update(resume=True, out=cfg.out, name=run.name,   # where the run is now (a copied folder too)
+                     **{k: getattr(cfg, k) for k in RESUME_MAY_CHANGE if k in given})
         cfg = Config(**saved)
     elif (run / "checkpoint.pt").exists():
         sys.exit(f"{run} already holds a run: pass --resume to continue it, or --name for a new one")
@@ -261,13 +282,27 @@ def resume_state(run: Path, cfg: Config, policy, rng, memory, novelty) -> tuple[
     return start, evals, ckpt, rows, memory, novelty
 
 
-def starting_point(run: Path, cfg: Config, policy, pool, eval_tasks, val_tasks, evals: dict, start: int) -> None:
+def starting_point(run: Path, cfg: Config, policy, pool, eval_tasks, val_tasks, evals: dict, start: int,
+                   reference: dict | None = None) -> None:
     """The untrained model's held-out evaluation, then (first start only) the warm start and its evaluations
-    (test split; validation split too with --val-every, so choices can be judged by paired differences there)."""
+    (test split; validation split too with --val-every, so choices can be judged by paired differences there).
+    A resumed run evaluates its warm start (the reference weights) on test if it has not yet: --eval-episodes
+    given to a run that trained with 0."""
     if eval_tasks and "untrained" not in evals:  # with the example turns: without them it writes few valid actions
-        evals["untrained"] = cached_evaluation(policy, pool, eval_tasks, dataclasses.replace(cfg, demo="on"), "untrained")
+        # a fresh adapter adds exactly 0 (B = 0); a resumed run's weights are set to a zero adapter for this
+        no_adapter = {n: torch.zeros_like(w) for n, w in policy.lora_state().items()}
+        with policy.using_lora(no_adapter) if start > 0 else contextlib.nullcontext():
+            evals["untrained"] = cached_evaluation(policy, pool, eval_tasks, dataclasses.replace(cfg, demo="on"),
+                                                   "untrained")
         write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
         print_eval("untrained", evals["untrained"], cfg)
+    if start > 0 and eval_tasks and "warm_start" not in evals and reference is not None and cfg.uses_warm_start:
+        with policy.using_lora(reference):
+            ws = json.loads((run / "warm_start.json").read_text())
+            evals["warm_start"] = cached_evaluation(policy, pool, eval_tasks, cfg, Path(ws["folder"]).name)
+        evals["warm_start"]["demonstrator"] = ws["demonstrator"]
+        write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
+        print_eval("warm start", evals["warm_start"], cfg)
     if start > 0 or not cfg.uses_warm_start:
         return
     ws = warm_start(policy, cfg, envs.settings(cfg.env, cfg.max_steps, cfg.task_names)[0])
@@ -322,7 +357,7 @@ def print_iteration(row: dict, memory, cfg: Config) -> None:
 
 
 def main(argv=None) -> int:
-    cfg, run = open_run(parse_args(argv))
+    cfg, run = open_run(parse_args(argv), given_flags(argv))
     from policy import load_policy
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -337,7 +372,7 @@ def main(argv=None) -> int:
     start, evals, ckpt, rows, memory, novelty = resume_state(
         run, cfg, policy, rng, TipMemory(cfg.memory_threshold, cfg.memory_top_k, cfg.memory_capacity),
         NoveltyCounter(cfg.novelty_threshold))
-    starting_point(run, cfg, policy, pool, eval_tasks, val_tasks, evals, start)
+    starting_point(run, cfg, policy, pool, eval_tasks, val_tasks, evals, start, ckpt.get("reference") if ckpt else None)
     # the reference policy (KL penalty, KL probe) is where RL starts: the warm start
     reference = ckpt["reference"] if ckpt and "reference" in ckpt else policy.lora_state()
     probe = ckpt.get("probe", []) if ckpt else []

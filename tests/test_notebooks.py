@@ -4,11 +4,16 @@
 - Each one executes top to bottom with nbclient (kernel python3, working directory notebooks/) without an
   error and prints its known markers; its exercise check skips cleanly while the stub is not filled in.
 - Each exercise check passes with a correct answer and fails (AssertionError) with a wrong one.
+- Every Config value a notebook quotes in its text (`cfg.x` = 5, `cfg.x` (0.9)) equals the value the
+  notebook's own Config has (Config's default unless the notebook's `Config(...)` call sets it).
 - Notebook 4's "longer runs on disk" cell plots runs when there are some and says so when there are none.
 
 The four executions use the real default model: about 1-2 min each on 2 CPU cores.
 """
+import ast
+import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
@@ -151,6 +156,42 @@ def test_stored_without_outputs_and_well_formed(name):
     assert setup is next(c for c in nb.cells if c.cell_type == "code") and "from nbsetup import" in setup.source
     assert "NotImplementedError" in tagged(nb, "exercise-stub").source
     assert NOT_DONE in tagged(nb, "exercise-check").source
+
+
+QUOTE = re.compile(r"`cfg\.(\w+)`\)?(?: = | \()([−-]?\d+(?:\.\d+)?(?:e[−-]?\d+)?)")
+
+
+def quoted_config_values(source: str) -> list[tuple[str, float]]:
+    return [(name, float(value.replace("−", "-"))) for name, value in QUOTE.findall(source)]
+
+
+def notebook_config(nb) -> dict:
+    """Config's defaults with the keyword arguments of the notebook's Config(...) call applied."""
+    import empo2
+    values = {f.name: f.default for f in dataclasses.fields(empo2.Config)}
+    for cell in (c for c in nb.cells if c.cell_type == "code"):
+        for node in ast.walk(ast.parse(cell.source.replace("%matplotlib inline", ""))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "Config":
+                for kw in node.keywords:   # a value computed in the notebook cannot be checked here
+                    values[kw.arg] = ast.literal_eval(kw.value) if isinstance(kw.value, ast.Constant) else None
+    return values
+
+
+def test_the_config_quote_check_reads_quotes():
+    assert quoted_config_values("c = `cfg.intrinsic_coef` = 0.1; `cfg.novelty_threshold` (0.9), `cfg.min_logp` = −5") == [
+        ("intrinsic_coef", 0.1), ("novelty_threshold", 0.9), ("min_logp", -5.0)]
+
+
+@pytest.mark.parametrize("name", sorted(MARKERS))
+def test_config_values_quoted_in_the_text_are_configs_own(name):
+    nb = read(name)
+    values = notebook_config(nb)
+    for cell in nb.cells:
+        for field, quoted in quoted_config_values(cell.source):
+            assert field in values, f"{name}: `cfg.{field}` is not a Config field"
+            if values[field] is None:
+                continue
+            assert float(values[field]) == quoted, f"{name}: says `cfg.{field}` is {quoted}, Config has {values[field]}"
 
 
 @pytest.mark.parametrize("name", sorted(MARKERS))

@@ -263,12 +263,25 @@ def test_shared_prefix_gives_the_log_probs_and_gradients_of_separate_passes(tiny
 
 
 def test_every_eos_id_of_the_generation_config_stops_sampling(tiny_model_dir):
-    """Qwen's generation config lists <|im_end|> and <|endoftext|>: both must stop an action."""
+    """Qwen's generation config lists <|im_end|> and <|endoftext|>: both must stop an action. Here two
+    tokens the model writes greedily in the middle of two continuations are made the config's eos ids."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from policy import Policy
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model.generation_config.eos_token_id = [7, 11]
+    plain = Policy(model, tokenizer)
+    prompts = [plain.encode("Open the door"), plain.encode("Kitchen sink, north exit")]
+    torch.manual_seed(3)
+    free = plain.generate(prompts, 8, temperature=1.0)
+    assert all(len(f) == 8 for f in free)   # no stop of its own within 8 tokens
+    ends = [next(k for k in range(1, 8) if f[k] not in f[:k] and f[k] not in plain.stop_ids) for f in free]
+    model.generation_config.eos_token_id = [free[0][ends[0]], free[1][ends[1]]]
     policy = Policy(model, tokenizer)
-    assert {7, 11, tokenizer.eos_token_id, policy.end_of_turn_id} <= set(policy.stop_ids)
+    assert {tokenizer.eos_token_id, policy.end_of_turn_id} <= set(policy.stop_ids)
+    torch.manual_seed(3)
+    cut = policy.generate(prompts, 8, temperature=1.0)   # the same draws: rows that stop keep them (see above)
+    for row, f, end in zip(cut, free, ends):
+        first_stop = next(k for k, t in enumerate(f) if t in policy.stop_ids)
+        assert first_stop <= end and row == f[:first_stop + 1]   # each eos id ends its row where it first appears
+    assert all(row[-1] in model.generation_config.eos_token_id for row in cut)   # stopped by the config's ids

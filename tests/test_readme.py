@@ -47,8 +47,27 @@ def test_readme_command_parses(argv):
         assert exc.value.code == 0
         return
     if script == "train.py":
-        cfg = train.parse_args(args)   # exits with a message on a bad flag or setting
-        assert cfg.env in ("rooms", "webshop-mini", "scienceworld")
+        parsed = train.parse_args(args)   # exits with a message on a bad flag or setting
     else:
-        parser, parsed = evaluate.parse_args(args)
-        assert parsed.compare is not None or parsed.sweep is not None or parsed.run is not None or parsed.env is not None
+        parsed = evaluate.parse_args(args)[1]
+    for flag, value in flag_values(args):   # each flag the README shows reaches the setting it names
+        got = getattr(parsed, flag)
+        assert got == value or (isinstance(got, list) and value in got) or str(got) == value \
+            or (isinstance(got, (int, float)) and not isinstance(got, bool) and got == float(value)), (flag, got, value)
+
+
+def flag_values(args: list[str]) -> list[tuple[str, object]]:
+    """(field, value) for each --flag VALUE and each bare --flag (True) on a command line."""
+    out = []
+    for k, a in enumerate(args):
+        if a.startswith("--") and a != "--help":
+            name, _, inline = a[2:].partition("=")
+            following = args[k + 1] if k + 1 < len(args) else "--"
+            value = inline or (True if following.startswith("--") else following)
+            out.append((name.replace("-", "_"), value))
+    return out
+
+
+def test_flag_values_reads_values_and_bare_flags():
+    assert flag_values(["--env", "rooms", "--resume", "--min-logp=-5", "--compare", "a", "b"]) == [
+        ("env", "rooms"), ("resume", True), ("min_logp", "-5"), ("compare", "a")]

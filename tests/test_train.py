@@ -82,6 +82,52 @@ def test_resume_after_interruption_gives_the_same_metrics(tmp_path, tiny_model_d
         train.main(tiny_args(tiny_model_dir, tmp_path, "cut", 3))
 
 
+def test_a_run_trained_without_test_evaluation_is_evaluated_on_test_when_resumed(tmp_path, tiny_model_dir, capsys,
+                                                                                monkeypatch):
+    """A validation-sweep run (--eval-episodes 0) resumed with --eval-episodes N gets the untrained, warm-start
+    and trained test evaluations a run with N from the start gets, each with its own weights (seen through
+    the model's output on a fixed input at the moment each evaluation starts)."""
+    import torch
+    seen = {}
+
+    def output(policy):
+        with torch.no_grad():
+            return policy.model(input_ids=torch.tensor([[5, 6, 7]])).logits.double().sum().item()
+    cached, plain = train.cached_evaluation, train.evaluate_policy
+
+    def spy_cached(policy, pool, tasks, cfg, weights):
+        seen["untrained" if weights == "untrained" else "warm_start"] = output(policy)
+        return cached(policy, pool, tasks, cfg, weights)
+
+    def spy_plain(policy, *a, desc="eval", **k):
+        if desc == "eval trained":
+            seen["trained"] = output(policy)
+        return plain(policy, *a, desc=desc, **k)
+    def update_that_moves(policy, *a, **k):  # the tiny model's episodes carry no signal: move the weights anyway
+        stats = update(policy, *a, **k)
+        with torch.no_grad():
+            for w in policy.lora_parameters():
+                w.add_(0.01)
+        return stats
+    update = train.update_policy
+    monkeypatch.setattr(train, "cached_evaluation", spy_cached)
+    monkeypatch.setattr(train, "evaluate_policy", spy_plain)
+    monkeypatch.setattr(train, "update_policy", update_that_moves)
+    ws = ["--warm-start", "on", "--warm-start-episodes", "2", "--warm-start-epochs", "1"]
+    assert train.main(tiny_args(tiny_model_dir, tmp_path, "straight", 2, *ws)) == 0
+    straight, seen = seen, {}
+    assert train.main(tiny_args(tiny_model_dir, tmp_path, "later", 2, *ws, "--eval-episodes", "0")) == 0
+    assert seen == {} and not (tmp_path / "later" / "eval.json").exists()
+    assert train.main(["--out", str(tmp_path), "--name", "later", "--resume", "--eval-episodes", "2", "--lr", "1"]) == 0
+    assert "ignored: --lr" in capsys.readouterr().err
+    assert seen == pytest.approx(straight, rel=1e-9) and len(set(straight.values())) == 3   # three different weights
+    e1 = json.loads((tmp_path / "straight" / "eval.json").read_text())
+    e2 = json.loads((tmp_path / "later" / "eval.json").read_text())
+    for key in ("untrained", "warm_start", "trained"):
+        assert e1[key]["episodes"] == e2[key]["episodes"], key
+    assert json.loads((tmp_path / "later" / "config.json").read_text())["lr"] == 1e-2
+
+
 def test_corrupt_checkpoint_is_named_and_the_run_refuses_to_resume(tmp_path, tiny_model_dir):
     assert train.main(tiny_args(tiny_model_dir, tmp_path, "r", 1, "--eval-episodes", "0")) == 0
     ckpt = tmp_path / "r" / "checkpoint.pt"
