@@ -286,37 +286,33 @@ def starting_point(run: Path, cfg: Config, policy, pool, eval_tasks, val_tasks, 
                    reference: dict | None = None) -> None:
     """The untrained model's held-out evaluation, then (first start only) the warm start and its evaluations
     (test split; validation split too with --val-every, so choices can be judged by paired differences there).
-    A resumed run evaluates its warm start (the reference weights) on test if it has not yet: --eval-episodes
-    given to a run that trained with 0."""
+    A resumed run (its policy holds trained weights) evaluates what it lacks with the weights each evaluation
+    is of: --eval-episodes given to a run that trained with 0."""
+    resumed = start > 0
     if eval_tasks and "untrained" not in evals:  # with the example turns: without them it writes few valid actions
-        # a fresh adapter adds exactly 0 (B = 0); a resumed run's weights are set to a zero adapter for this
-        no_adapter = {n: torch.zeros_like(w) for n, w in policy.lora_state().items()}
-        with policy.using_lora(no_adapter) if start > 0 else contextlib.nullcontext():
+        # a fresh adapter adds exactly 0 (B = 0); a resumed run is evaluated through an all-zero adapter
+        zero = {n: torch.zeros_like(w) for n, w in policy.lora_state().items()} if resumed else None
+        with policy.using_lora(zero) if resumed else contextlib.nullcontext():
             evals["untrained"] = cached_evaluation(policy, pool, eval_tasks, dataclasses.replace(cfg, demo="on"),
                                                    "untrained")
         write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
         print_eval("untrained", evals["untrained"], cfg)
-    if start > 0 and eval_tasks and "warm_start" not in evals and reference is not None and cfg.uses_warm_start:
-        with policy.using_lora(reference):
-            ws = json.loads((run / "warm_start.json").read_text())
-            evals["warm_start"] = cached_evaluation(policy, pool, eval_tasks, cfg, Path(ws["folder"]).name)
-        evals["warm_start"]["demonstrator"] = ws["demonstrator"]
-        write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
-        print_eval("warm start", evals["warm_start"], cfg)
-    if start > 0 or not cfg.uses_warm_start:
+    if not cfg.uses_warm_start or (resumed and reference is None):
         return
-    ws = warm_start(policy, cfg, envs.settings(cfg.env, cfg.max_steps, cfg.task_names)[0])
-    write_atomically(run / "warm_start.json", json.dumps(json_safe(ws), indent=1))
-    save_adapter(run, policy)  # evaluate.py --run can use it, even with --iterations 0
-    if eval_tasks and "warm_start" not in evals:
-        evals["warm_start"] = cached_evaluation(policy, pool, eval_tasks, cfg, Path(ws["folder"]).name)
-        evals["warm_start"]["demonstrator"] = ws["demonstrator"]
-        write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
-        print_eval("warm start", evals["warm_start"], cfg)
-    if val_tasks and "warm_start_val" not in evals:
-        evals["warm_start_val"] = cached_evaluation(policy, pool, val_tasks, cfg, Path(ws["folder"]).name)
-        write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
-        print_eval("warm start", evals["warm_start_val"], cfg, "val")
+    if resumed:
+        ws = json.loads((run / "warm_start.json").read_text())
+    else:
+        ws = warm_start(policy, cfg, envs.settings(cfg.env, cfg.max_steps, cfg.task_names)[0])
+        write_atomically(run / "warm_start.json", json.dumps(json_safe(ws), indent=1))
+        save_adapter(run, policy)  # evaluate.py --run can use it, even with --iterations 0
+    with policy.using_lora(reference) if resumed else contextlib.nullcontext():
+        for key, tasks, split in (("warm_start", eval_tasks, "test"), ("warm_start_val", val_tasks, "val")):
+            if tasks and key not in evals:
+                evals[key] = cached_evaluation(policy, pool, tasks, cfg, Path(ws["folder"]).name)
+                if key == "warm_start":
+                    evals[key]["demonstrator"] = ws["demonstrator"]
+                write_atomically(run / "eval.json", json.dumps(json_safe(evals), indent=1))
+                print_eval("warm start", evals[key], cfg, split)
 
 
 def final_evaluation(run: Path, cfg: Config, policy, pool, eval_tasks, evals: dict) -> None:
