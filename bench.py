@@ -1,9 +1,9 @@
 """Speed where it counts, measured side by side in one run; prints one JSON object.
 
-    python bench.py                     # the default model on CPU, ~7 minutes on 2 cores
+    python bench.py                     # the default model on CPU: ~7 minutes on 2 cores, plus a GRPO iteration
     python bench.py --no-iteration      # without the training iteration, ~4 minutes
 
-decode_vs_plain_32_rows            decode tokens/s of the project's sampler (Lockstep) vs a plain Hugging
+decode_vs_plain_32_rows            decode tokens/s of the project's sampler (sampler.CachedSampler) vs a plain Hugging
                                    Face forward with a DynamicCache, 32 rows continuing one ~300-token
                                    prompt, as a GRPO group's rows do (target >= 5); decode tokens/s of both
                                    at 1, 8, 32 and 64 rows are printed as decode_tok_s_{sampler,plain}_{rows}
@@ -16,7 +16,8 @@ prefill_vs_plain                   tokens/s of the sampler's prefill (8 distinct
 scoring_tok_s                      trained tokens/s of Policy.score, forward + backward, one ~1,100-token
                                    trajectory (the update's unit of work)
 iteration_*                        one default training iteration (python train.py --env webshop-mini,
-                                   warm start when cached) in seconds: rollout, reflection, update
+                                   warm start when cached) in seconds: rollout, reflection, update; and
+                                   iteration_empo2_over_grpo, its time over the same seed's GRPO iteration
 rollout_batched_vs_sequential      tokens/s of 8 rooms episodes in lockstep (one generate call per
                                    step) vs the same 8 episodes one after another
 scoring_single_pass_vs_per_turn    scoring the action tokens of a 10-turn trajectory in one forward
@@ -63,7 +64,7 @@ def bench_rollout(policy, steps: int, new_tokens: int, repeats: int = 3) -> dict
         lengths = actions(rollout(policy, pool, tasks, modes * 8, cfg))
         time_b += time.perf_counter() - t
         tokens_b += sum(map(sum, lengths))
-        # Lockstep decodes until the longest action of the step is done; one after another, each episode
+        # CachedSampler decodes until the longest action of the step is done; one after another, each episode
         # decodes only its own tokens. Their ratio caps the speed-up of decoding even if 8 rows cost what 1 does.
         lockstep_steps += sum(max(a[k] for a in lengths if len(a) > k) for k in range(max(map(len, lengths))))
         torch.manual_seed(seed)
@@ -159,7 +160,7 @@ def bench_retrieval(entries: int = 10_000, queries: int = 20) -> dict:
 def plain_decode(policy, prompt: list[int], rows: int, steps: int) -> float:
     """Seconds per decode step of a plain Hugging Face forward with a DynamicCache (no mask, all rows the
     same length): the prompt encoded once and its cache copied to every row, then `steps` sampled tokens."""
-    from policy import sample_tokens
+    from sampler import sample_tokens
     model = policy.model
     out = model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
@@ -276,7 +277,8 @@ def bench_score(policy, length: int = 1100, actions: int = 5, repeats: int = 2) 
 
 
 def bench_iteration(policy, env: str = "webshop-mini") -> dict:
-    """One training iteration of the main command's defaults, timed by train.py itself (metrics.jsonl);
+    """One training iteration of the main command's defaults (EMPO²), then the same seed's iteration with
+    --algo grpo (p = 0, no reflection or intrinsic reward), each timed by train.py itself (metrics.jsonl);
     the warm start is used when it is already cached (never built here: that alone takes minutes)."""
     import tempfile
     from pathlib import Path
@@ -285,13 +287,18 @@ def bench_iteration(policy, env: str = "webshop-mini") -> dict:
     import warm_start
     cfg = Config(env=env)
     cached = warm_start.cache_folder(warm_start.cache_key(policy, cfg)).exists()
-    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON only
-        train.main(["--env", env, "--iterations", "1", "--eval-episodes", "0", "--out", out, "--name", "bench",
-                    "--warm-start", "auto" if cached else "off"])
-        row = json.loads((Path(out) / "bench" / "metrics.jsonl").read_text().splitlines()[-1])
+    rows = {}
+    for algo in ("empo2", "grpo"):
+        with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON only
+            train.main(["--env", env, "--algo", algo, "--iterations", "1", "--eval-episodes", "0", "--out", out,
+                        "--name", "bench", "--warm-start", "auto" if cached else "off"])
+            rows[algo] = json.loads((Path(out) / "bench" / "metrics.jsonl").read_text().splitlines()[-1])
+    row = rows["empo2"]
     return {"iteration_warm_start": cached, "iteration_s": row["time/iteration_s"],
             "iteration_rollout_s": row["time/rollout_s"], "iteration_reflect_s": row["time/reflect_s"],
-            "iteration_update_s": row["time/update_s"], "iteration_tokens_generated": row["tokens_generated"]}
+            "iteration_update_s": row["time/update_s"], "iteration_tokens_generated": row["charts/tokens_generated"],
+            "iteration_grpo_s": rows["grpo"]["time/iteration_s"],
+            "iteration_empo2_over_grpo": row["time/iteration_s"] / rows["grpo"]["time/iteration_s"]}
 
 
 def main():

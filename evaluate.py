@@ -34,7 +34,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -45,9 +44,11 @@ import torch
 from scipy import stats
 
 import envs
-from empo2 import (MEMORY, NO_UPDATE, Config, add_config_flags, episode_record, episode_stats, eval_subset, evaluate_policy, json_safe, reflect,
+from empo2 import (MEMORY, NO_UPDATE, Config, add_config_flags, episode_record, episode_stats, eval_subset, evaluate_policy, reflect,
                    rollout, store_tips)
-from memory import Embedder, TipMemory, write_atomically
+from memory import Embedder, TipMemory
+from runs import RENAMED_METRICS, read_metrics
+from utils import json_safe, replace_atomically, write_atomically
 
 SPLITS = ("val", "test", "ood")
 STAGES = ("untrained", "warm_start", "trained")   # train.py's eval.json: held-out evaluations of a run
@@ -71,7 +72,7 @@ def parse_args(argv=None):
     p.add_argument("--compare", nargs="+", metavar="RUN", default=None, help="put these run folders side by side")
     p.add_argument("--sweep", nargs="+", metavar="RUN", default=None,
                    help="runs trained with --val-every: trained - warm start on the validation split, per setting and seed")
-    p.add_argument("--metric", default="reward_ext", help="--compare: metrics.jsonl key of the learning curves")
+    p.add_argument("--metric", default="charts/return_ext", help="--compare: metrics.jsonl key of the learning curves")
     add_config_flags(p, RUN_SETTINGS, keep_run_settings=True)   # the run's settings, overridden where given
     p.add_argument("--batch-size", type=int, default=8, help="episodes played in lockstep (one env each)")
     args = p.parse_args(argv)
@@ -268,9 +269,7 @@ def read_run(parser, path: Path) -> dict:
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else None
     if config is None and not evals:
         parser.error(f"--compare {path}: missing config.json (not a train.py run) and no eval*.json files")
-    rows = []
-    if (path / "metrics.jsonl").exists():
-        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics(path / "metrics.jsonl")   # older runs' keys under today's names
     # the main metric: train.py's eval.json "trained", else evaluate.py's test split without memory
     source, main = None, None
     offs = [n for n in evals if n.endswith("_off.json") and "trials" in evals[n]]
@@ -448,7 +447,7 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
     for r in runs:
         m, rows = r["main"] or {}, r["metrics"]
         wall = sum(x.get("time/iteration_s", 0.0) for x in rows)
-        tokens = sum(x.get("tokens_generated", 0) for x in rows)
+        tokens = sum(x.get("charts/tokens_generated", 0) for x in rows)
         ev = f"{r['source']} ({len(m.get('episodes', []))})" if r["source"] else "–"
         lines.append(f"| {r['name']} | {r['env']} | {r['algo']} | {r['seed']} | {fmt_ci(m.get('score'), m.get('score_ci95'))} "
                      f"| {fmt_ci(m.get('success_rate'), m.get('success_ci95'))} | {ev} | {len(rows)} "
@@ -625,7 +624,8 @@ def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:
         if len(g) > 1:  # shaded: min-max over seeds
             ax.fill_between(its, [min(v) for v in vals], [max(v) for v in vals], color=f"C{k}", alpha=0.2)
     ax.set_xlabel("iteration")
-    names = {"reward_ext": "mean extrinsic return", "reward": "mean return (ext + int)", "success_rate": "success rate"}
+    names = {"charts/return_ext": "mean extrinsic return", "charts/return": "mean return (ext + int - penalty)",
+             "charts/success_rate": "success rate"}
     ax.set_ylabel(f"{names.get(metric, metric)} (training rollouts)")
     ax.set_title("learning curves (mean over seeds, min–max shaded)")
     ax.grid(alpha=0.3)
@@ -657,10 +657,7 @@ def plot_compare(groups: list[list[dict]], metric: str, png: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    tmp = png.with_name(png.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    os.replace(tmp, png)
+    replace_atomically(png, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
 
 
 def compare(parser, args) -> int:
@@ -669,7 +666,7 @@ def compare(parser, args) -> int:
     out = Path(args.out or "compare.md")
     png = out.with_suffix(".png")
     table = compare_table(runs, groups)
-    plot_compare(groups, args.metric, png)
+    plot_compare(groups, RENAMED_METRICS.get(args.metric, args.metric), png)   # an old key still works
     write_atomically(out, f"# Runs compared\n\n{table}\n![learning curves]({png.name})\n")
     print(table)
     print(f"wrote {out} and {png}")
@@ -685,7 +682,7 @@ def sweep(parser, args) -> int:
     for path in map(Path, args.sweep):
         try:
             ev = json.loads((path / "eval.json").read_text())
-            metrics = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+            metrics = read_metrics(path / "metrics.jsonl")
         except (OSError, ValueError) as e:
             parser.error(f"--sweep {path}: unreadable run ({e})")
         if "warm_start_val" not in ev or "trained_val" not in ev:
@@ -694,14 +691,14 @@ def sweep(parser, args) -> int:
         before, after = ev["warm_start_val"]["episodes"], ev["trained_val"]["episodes"]
         win, score = ([d["difference"], *d["difference_ci95"]] for d in
                       (paired_goal_difference(before, after, k) for k in ("won", "reward")))
-        valid = min([100 * m["valid_action_rate"] for m in metrics] +
+        valid = min([100 * m["charts/valid_action_rate"] for m in metrics] +
                     [m["val/valid_action_rate"] for m in metrics if m.get("val/valid_action_rate") is not None])
         setting = re.sub(r"-s\d+$", "", path.name.rstrip("/"))
         by_setting.setdefault(setting, []).append((win[0], score[0]))
         minutes = sum(m.get("time/iteration_s", 0) for m in metrics) / 60
         rows.append(f"| {path.name} | {ev['warm_start_val']['success_rate']:.1f} → {ev['trained_val']['success_rate']:.1f} "
                     f"| {win[0]:+.1f} [{win[1]:+.1f}, {win[2]:+.1f}] | {score[0]:+.1f} [{score[1]:+.1f}, {score[2]:+.1f}] "
-                    f"| {valid:.0f} % | {max(m.get('kl/probe', 0) for m in metrics):.3f} | {minutes:.1f} |")
+                    f"| {valid:.0f} % | {max(m.get('losses/approx_kl', 0) for m in metrics):.3f} | {minutes:.1f} |")
     lines = ["Validation split, trained − warm start, paired over the same goals (95 % bootstrap CI over goals):", "",
              "| run | val success % | success difference | score difference | lowest valid actions (training, T=1, or val) | max KL to warm start "
              "| training min |", "|---|---|---|---|---|---|---|", *rows, "",

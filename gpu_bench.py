@@ -6,7 +6,7 @@
 
 The model is built from configs/ARCH.json with RANDOM weights: the cost of a forward or backward pass
 does not depend on the weight values, and no hub is needed. What runs is train.py's iteration on
-webshop-mini, unchanged: Lockstep sampling with the KV cache, reflection, the intrinsic reward,
+webshop-mini, unchanged: CachedSampler sampling with the KV cache, reflection, the intrinsic reward,
 scoring with the shared prefix, and the hybrid update with one optimiser step.
 
 Random weights write gibberish, so two things are fixed to mirror a real run:
@@ -31,14 +31,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import empo2
 import envs
 from empo2 import (Config, episode_returns, grpo_advantages, intrinsic_rewards, reflect, rollout, sample_modes,
                    store_tips, update_policy)
 from memory import Embedder, NoveltyCounter, TipMemory
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
-ORIGINAL_TAKE_ACTION = empo2.take_action
 
 
 def build_policy(arch: str, device: str, dtype: torch.dtype, lora_r: int, lora_alpha: int):
@@ -62,13 +60,24 @@ def build_policy(arch: str, device: str, dtype: torch.dtype, lora_r: int, lora_a
     return policy
 
 
-def demonstrator_driven(rng: random.Random):
-    """empo2.take_action with the environment stepped by the demonstrator, not by the sampled text."""
-    original, demonstrator = ORIGINAL_TAKE_ACTION, envs.demonstrator("webshop-mini")
+class DemonstratorDriven:
+    """An environment whose step() ignores the action it is given and takes the demonstrator's action
+    for the current page instead: random weights write gibberish, and this keeps real pages and
+    episode lengths while the trajectory holds the sampled tokens. Everything else is the env's own."""
 
-    def take_action(policy, env, tr, act_ids):
-        return original(policy, env, tr, act_ids, action=demonstrator(tr.transcript[-1]["observation"], rng))
-    return take_action
+    def __init__(self, env, rng: random.Random):
+        self.env, self.rng, self.demonstrator, self.obs = env, rng, envs.demonstrator("webshop-mini"), ""
+
+    def reset(self, *args, **kwargs):
+        self.obs, info = self.env.reset(*args, **kwargs)
+        return self.obs, info
+
+    def step(self, _sampled_action: str):
+        self.obs, reward, done, info = self.env.step(self.demonstrator(self.obs, self.rng))
+        return self.obs, reward, done, info
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
 
 
 class Phase:
@@ -95,7 +104,9 @@ def measure(policy, cfg: Config, args, device: torch.device) -> dict:
     """Warm-up iteration, then args.iterations measured ones of train.py's loop."""
     rng = np.random.default_rng(0)
     tasks = envs.tasks("webshop-mini", "train")
-    pool = [envs.make("webshop-mini", "train", seed=i) for i in range(cfg.tasks_per_iter * cfg.group_size)]
+    driver = random.Random(0)
+    pool = [DemonstratorDriven(envs.make("webshop-mini", "train", seed=i), driver)
+            for i in range(cfg.tasks_per_iter * cfg.group_size)]
     embedder = Embedder(device=str(device))
     memory, novelty = TipMemory(), NoveltyCounter(cfg.novelty_threshold)
     optimizer = torch.optim.AdamW(policy.lora_parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -159,11 +170,7 @@ def main(argv=None) -> int:
     cfg = Config(env="webshop-mini", model=args.arch, tasks_per_iter=args.tasks_per_iter, group_size=args.group_size,
                  max_new_tokens=args.action_tokens, tip_max_new_tokens=args.tip_tokens,
                  max_prompt_tokens=args.max_prompt_tokens, p=args.p, temperature=1.0, warm_start="off")
-    empo2.take_action = demonstrator_driven(random.Random(0))
-    try:
-        result = measure(policy, cfg, args, device)
-    finally:
-        empo2.take_action = ORIGINAL_TAKE_ACTION
+    result = measure(policy, cfg, args, device)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -13,34 +13,13 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from utils import read_json, write_atomically
+
 EMBED_DIM = 384
-
-
-def write_atomically(path, data: str | bytes) -> None:
-    """Write to PATH.tmp, then rename: readers see the old file or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _read_json(path, what: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} file not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{what} file {path} is corrupt or truncated ({e}); "
-                         f"delete it or restore it from a good copy") from None
 
 
 def _encode(keys: np.ndarray) -> str:
@@ -162,7 +141,7 @@ class TipMemory:
 
     @classmethod
     def load(cls, path) -> "TipMemory":
-        return cls.from_dict(_read_json(path, "memory"), f"memory file {path}")
+        return cls.from_dict(read_json(path, "memory"), f"memory file {path}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -210,4 +189,4 @@ class NoveltyCounter:
 
     @classmethod
     def load(cls, path) -> "NoveltyCounter":
-        return cls.from_dict(_read_json(path, "novelty"), f"novelty file {path}")
+        return cls.from_dict(read_json(path, "novelty"), f"novelty file {path}")

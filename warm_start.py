@@ -24,7 +24,6 @@ import hashlib
 import inspect
 import json
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -33,9 +32,9 @@ import torch
 from tqdm.auto import tqdm
 
 import envs
-from empo2 import ON_POLICY, PLAIN, SYSTEM_PROMPT, Trajectory, episode_start, mean_ci95
-from memory import write_atomically
-from policy import SharedPrefix
+from empo2 import ON_POLICY, PLAIN, SYSTEM_PROMPT, Trajectory, episode_start
+from utils import mean_ci95, replace_atomically, write_atomically
+from sampler import SharedPrefix
 
 
 def demonstration(policy, env, task, demonstrator, rng: random.Random, use_demo: bool) -> Trajectory:
@@ -191,12 +190,10 @@ def warm_start(policy, cfg, make_kwargs: dict | None = None) -> dict:
             "demonstrator": {"episodes": len(trajs), "score": score, "score_ci95": score_ci, "success_rate": success,
                              "success_ci95": success_ci, "mean_steps": float(np.mean([len(tr.rewards) for tr in trajs])),
                              "action_tokens": tokens}}
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    policy.model.save_pretrained(tmp / "adapter")
-    write_atomically(tmp / "meta.json", json.dumps(meta, indent=1))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.replace(folder)
+    def write(tmp: Path) -> None:
+        policy.model.save_pretrained(tmp / "adapter")
+        write_atomically(tmp / "meta.json", json.dumps(meta, indent=1))
+    replace_atomically(folder, write)
     print(f"warm start: NLL per action token {losses[0]:.3f} -> {losses[-1]:.3f} in {meta['build_s']:.0f} s; "
           f"cached in {folder}")
     return {**meta, "cached": False, "folder": str(folder)}

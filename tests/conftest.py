@@ -13,13 +13,15 @@ sys.path.insert(0, str(ROOT))
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):
     """EMPO2_CACHE in a temporary folder, so tests never read or leave warm starts and cached evaluations
-    in the user's cache; the converted default model is linked in, not converted again."""
+    in the user's cache. The user's converted default model, if there is one, is linked in; nothing here
+    loads or converts it, so tests that never touch the model (tests/test_math.py) run without it."""
     import os
 
-    from policy import default_model_dir
-    real = default_model_dir()
+    from policy import cache_dir
+    real = cache_dir() / "SmolLM2-135M-Instruct"
     cache = tmp_path_factory.mktemp("empo2-cache")
-    (cache / real.name).symlink_to(real, target_is_directory=True)
+    if (real / "config.json").exists():
+        (cache / real.name).symlink_to(real, target_is_directory=True)
     old = os.environ.get("EMPO2_CACHE")
     os.environ["EMPO2_CACHE"] = str(cache)
     yield cache

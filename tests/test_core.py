@@ -130,7 +130,7 @@ def test_update_trains_only_lora_and_moves_good_actions_up(tiny_policy):
     before = tiny_policy.score(*good)[0].detach().sum()
     opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=cfg.lr)
     stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), cfg)
-    assert stats["skipped_step"] == 0 and stats["action_tokens"] > 0
+    assert stats["update/skipped_steps"] == 0 and stats["update/action_tokens"] > 0
     for n, p in tiny_policy.model.named_parameters():
         if "lora_" in n:
             continue
@@ -150,7 +150,7 @@ def test_non_finite_loss_skips_the_step(tiny_policy, monkeypatch):
     before = [p.detach().clone() for p in tiny_policy.lora_parameters()]
     opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=1e-2)
     stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), cfg)
-    assert stats["skipped_step"] == 2 and stats["update/steps"] == 0   # two mini-batches of one trajectory
+    assert stats["update/skipped_steps"] == 2 and stats["update/steps"] == 0   # two mini-batches of one trajectory
     assert all(torch.equal(a, b) for a, b in zip(before, tiny_policy.lora_parameters()))
 
 
@@ -174,7 +174,7 @@ def test_prompt_limit_truncates_and_reflection_still_works(tiny_policy, embedder
 
 
 def test_batched_and_one_at_a_time_rollouts_choose_the_same_actions(real_policy):
-    """Lockstep batching with left padding must not change what greedy decoding picks."""
+    """CachedSampler batching with left padding must not change what greedy decoding picks."""
     cfg = Config(env="rooms", max_steps=2, max_new_tokens=10, demo="on")
     tasks, pool = rooms_batch(3, split="test")
     batched = rollout(real_policy, pool, tasks, [("plain", "on-policy")] * 3, cfg, temperature=0.0)
@@ -258,10 +258,10 @@ def test_the_low_probability_mask_applies_to_off_policy_tokens_only_by_default(t
     monkeypatch.setattr(empo2, "policy_loss", spy)
     opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=1e-3)
     stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), cfg)
-    assert seen == [None, None] and stats["masked_fraction"] == 0   # a random model's tokens are all < log delta
+    assert seen == [None, None] and stats["losses/masked_frac"] == 0   # a random model's tokens are all < log delta
     seen.clear()
     stats = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0]), Config(**{**cfg.__dict__, "mask_on_policy": True}))
-    assert seen == [cfg.min_logp] * 2 and stats["masked_fraction"] == 1.0
+    assert seen == [cfg.min_logp] * 2 and stats["losses/masked_frac"] == 1.0
 
 
 def test_first_step_ratio_is_exactly_one_and_later_mini_batch_steps_move_and_clip_it(tiny_policy):
@@ -273,12 +273,12 @@ def test_first_step_ratio_is_exactly_one_and_later_mini_batch_steps_move_and_cli
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=cfg.lr)
     one = update_policy(tiny_policy, opt, trajs, adv, cfg)
-    assert one["update/steps"] == 1 and one["update/ratio_min"] == one["update/ratio_max"] == 1.0
-    assert one["clip_ratio"] == 0.0
+    assert one["update/steps"] == 1 and one["losses/ratio_min"] == one["losses/ratio_max"] == 1.0
+    assert one["losses/clip_frac"] == 0.0
     many = update_policy(tiny_policy, opt, trajs, adv, Config(**{**cfg.__dict__, "minibatches": 2, "ppo_epochs": 3}))
     assert many["update/steps"] == 6
-    assert many["update/ratio_max"] > 1.0 or many["update/ratio_min"] < 1.0
-    assert many["clip_ratio"] > 0.0       # the clip binds once the ratio has moved past 1 +- epsilon
+    assert many["losses/ratio_max"] > 1.0 or many["losses/ratio_min"] < 1.0
+    assert many["losses/clip_frac"] > 0.0       # the clip binds once the ratio has moved past 1 +- epsilon
 
 
 def test_kl_to_the_warm_start_is_zero_before_the_first_update(tiny_policy):
@@ -293,7 +293,7 @@ def test_kl_to_the_warm_start_is_zero_before_the_first_update(tiny_policy):
     opt = torch.optim.AdamW(tiny_policy.lora_parameters(), lr=cfg.lr)
     first = update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0, 1.0, -1.0]),
                           Config(**{**cfg.__dict__, "minibatches": 1}), reference)
-    assert first["update/kl_ref"] == 0.0     # the one step starts at the reference
+    assert first["losses/kl_ref"] == 0.0     # the one step starts at the reference
     update_policy(tiny_policy, opt, trajs, torch.tensor([1.0, -1.0, 1.0, -1.0]), cfg, reference)
     moved = tiny_policy.lora_state()
     assert probe_kl(tiny_policy, probe, cfg) > 0.0

@@ -165,7 +165,7 @@ def test_compare_table_and_png(run_dir, eval_off, tmp_path):
     assert "eval_test_off.json (2)" in rows["rooms-empo2-s1"] and f"{off['score']:.1f} ±" in rows["rooms-empo2-s1"]
     cells = [x.strip() for x in rows["rooms-grpo-s0"].split("|")]
     assert cells[3] == "grpo" and cells[5] == "–" and cells[8] == "1"          # no eval; 1 iteration
-    assert cells[10] == f"{sum(m['tokens_generated'] for m in metrics):,}"
+    assert cells[10] == f"{sum(m['charts/tokens_generated'] for m in metrics):,}"
     # seeds of one config are grouped; the grpo run is not
     groups = evaluate.group_runs([evaluate.read_run(None, p) for p in (a, b, c)])
     assert [[r["name"] for r in g] for g in groups] == [["rooms-empo2-s0", "rooms-empo2-s1"], ["rooms-grpo-s0"]]

@@ -16,8 +16,23 @@ def test_gpu_bench_runs_the_training_iteration_on_a_tiny_config(capsys):
     # the demonstrator drove the env: real episodes that end by buying, not 15 invalid steps
     assert 2 <= result["episode_steps"] < 15
     assert len(result["iterations"]) == 1
-    import empo2
-    assert empo2.take_action is gpu_bench.ORIGINAL_TAKE_ACTION   # restored for whoever runs next
+
+
+def test_the_demonstrator_driven_env_steps_as_the_demonstrator_whatever_it_is_sent():
+    import random
+
+    import envs
+    task = envs.tasks("webshop-mini", "train")[5]
+    driven = gpu_bench.DemonstratorDriven(envs.make("webshop-mini", "train", seed=0), random.Random(1))
+    plain, demonstrator, rng = envs.make("webshop-mini", "train", seed=0), envs.demonstrator("webshop-mini"), random.Random(1)
+    obs, _ = driven.reset(task)
+    assert obs == plain.reset(task)[0]
+    done = False
+    while not done:
+        expected = plain.step(demonstrator(obs, rng))
+        obs, reward, done, info = driven.step("gibberish that is no action")
+        assert (obs, reward, done, info["valid"]) == (expected[0], expected[1], expected[2], expected[3]["valid"])
+    assert info["valid"] and driven.demo == plain.demo      # everything else is the wrapped env's own
 
 
 def test_every_shipped_config_builds_the_architecture_it_names():

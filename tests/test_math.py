@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from empo2 import Config, grpo_advantages, mean_ci95, policy_loss, sample_modes
+from empo2 import Config, grpo_advantages, policy_loss, sample_modes
+from utils import mean_ci95
 
 
 def test_grpo_advantages_by_hand():
@@ -148,3 +149,25 @@ def test_learning_rate_warmup_is_linear_and_resumes_from_the_optimiser_state():
     resumed.load_state_dict(opt.state_dict())
     set_warmup_lr(resumed, Config(lr=4e-4, lr_warmup_steps=10))
     assert resumed.param_groups[0]["lr"] == pytest.approx(4e-4 * 7 / 10)   # 6 steps done: the 7th of 10
+
+
+def test_tip_quality_counts_tips_that_name_what_their_episode_saw():
+    import envs
+    from empo2 import REFLECTION_PROMPT, Trajectory, tip_quality
+
+    def episode(tip):
+        tr = Trajectory(task=envs.Task("rooms/x", "Your task is to turn on the red light bulb."), group=0,
+                        rollout_mode="plain", update_mode="on-policy", first_obs="You are in the kitchen.")
+        tr.transcript = [{"observation": "You are in the kitchen. Doors: hallway.", "action": "go to hallway"},
+                         {"observation": "You are in the hallway. Doors: attic, garden.", "action": "go to attic"}]
+        tr.final_obs, tr.tip = "You are in the attic. You see a blue box.", tip
+        return tr
+    trajs = [episode("The attic holds only a blue box; try the garden next."),       # grounded
+             episode("Turn on the red light bulb."),                                   # the goal only
+             episode(REFLECTION_PROMPT[60:160]),                                       # copies the prompt
+             episode("SOLOMO nice snack")]                                              # noise
+    q = tip_quality(trajs)
+    assert q["memory/tip_grounded_frac"] == pytest.approx(1 / 4)
+    assert q["memory/tip_prompt_copy_frac"] == pytest.approx(1 / 4)
+    assert q["memory/tip_words"] == pytest.approx(np.mean([len(t.tip.split()) for t in trajs]))
+    assert math.isnan(tip_quality([episode("")])["memory/tip_grounded_frac"])   # no tips, no figure

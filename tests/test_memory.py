@@ -4,7 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from memory import Embedder, NoveltyCounter, TipMemory, write_atomically
+from memory import Embedder, NoveltyCounter, TipMemory
+from utils import write_atomically
 
 
 def unit(*xs, dim=384):

@@ -3,7 +3,8 @@ import torch
 
 import pytest
 
-from policy import Decoder, HFDecoder, Lockstep, load_policy, sample_tokens
+from policy import load_policy
+from sampler import CachedSampler, Decoder, HFDecoder, sample_tokens
 
 
 def randomise_lora(policy, seed=0):
@@ -15,15 +16,15 @@ def randomise_lora(policy, seed=0):
 
 
 def test_kv_cache_across_calls_gives_what_fresh_generation_gives(tiny_policy):
-    """A Lockstep kept across calls (rows growing, one dropping out) must pick the same greedy
+    """A CachedSampler kept across calls (rows growing, one dropping out) must pick the same greedy
     tokens as generating every prompt from scratch, batched or alone."""
     randomise_lora(tiny_policy)
     enc = tiny_policy.encode
     prompts = [enc("You are in the kitchen. Go"), enc("A long hallway with three doors, one of them red. Open"),
                enc("Kitchen")]
-    kept = Lockstep(tiny_policy)
+    kept = CachedSampler(tiny_policy)
     first = kept.generate(prompts, [0, 1, 2], 6, temperature=0.0)
-    assert first == Lockstep(tiny_policy).generate(prompts, [0, 1, 2], 6, temperature=0.0)
+    assert first == CachedSampler(tiny_policy).generate(prompts, [0, 1, 2], 6, temperature=0.0)
     grown = {0: prompts[0] + first[0] + enc(" Nothing happens. Look"), 2: prompts[2] + first[2] + enc(" ok")}
     second = kept.generate([grown[0], grown[2]], [0, 2], 6, temperature=0.0)  # episode 1 finished
     assert kept.cached_ids[0][:len(prompts[0])] == prompts[0] and len(kept.episode_ids) == 2
@@ -43,12 +44,12 @@ def greedy_without_cache(policy, prompt, n):
 
 def test_lockstep_with_holes_and_a_kept_cache_matches_a_plain_forward(tiny_policy):
     """Holes (unequal rows, rows that stopped early), hole-skipping positions and the attention mask
-    built by Lockstep must give each row what a plain forward pass over its own tokens gives."""
+    built by CachedSampler must give each row what a plain forward pass over its own tokens gives."""
     randomise_lora(tiny_policy, seed=2)
     tiny_policy.model.eval()
     enc = tiny_policy.encode
     prompts = [enc("Go"), enc("A long hallway with three doors, one of them red. Open"), enc("Kitchen sink")]
-    decoder = Lockstep(tiny_policy)
+    decoder = CachedSampler(tiny_policy)
     stops = tiny_policy.stop_ids
     tiny_policy.stop_ids = [greedy_without_cache(tiny_policy, prompts[0], 3)[2]]  # row 0 stops early: holes
     first = decoder.generate(prompts, [0, 1, 2], 6, temperature=0.0)
@@ -115,7 +116,7 @@ def test_sampled_tokens_are_those_of_a_plain_forward_with_the_same_draws(arch, m
     head = enc(SHARED) if shared else []
     prompts = [head + enc(t) for t in ("Go", "A long hallway with three doors, one of them red. Open", "Kitchen sink")]
     with torch.no_grad(), (policy.merged_lora() if merged else contextlib.nullcontext()):
-        sampler = Lockstep(policy, decoder(policy.model))
+        sampler = CachedSampler(policy, decoder(policy.model))
         torch.manual_seed(5)
         first = sampler.generate(prompts, [0, 1, 2], 6, temperature=1.0)
         if decoder is Decoder:
@@ -145,7 +146,7 @@ def test_rows_that_stop_early_keep_the_draws_and_tokens_of_a_plain_forward(decod
 
     def cut(tokens):  # the reference's tokens up to and including the first stop
         return next((tokens[:k + 1] for k, t in enumerate(tokens) if t in tiny_policy.stop_ids), tokens)
-    sampler = Lockstep(tiny_policy, decoder(tiny_policy.model))
+    sampler = CachedSampler(tiny_policy, decoder(tiny_policy.model))
     sampler.GATHER_BELOW = gather_below
     with torch.no_grad():
         torch.manual_seed(8)
@@ -226,7 +227,7 @@ def test_sample_tokens_draws_from_the_tempered_softmax():
 def test_shared_prefix_gives_the_log_probs_and_gradients_of_separate_passes(tiny_policy):
     """Scoring trajectories that start alike through one SharedPrefix must give exactly the log-probs
     and the LoRA gradient that one full forward and backward pass per trajectory gives."""
-    from policy import SharedPrefix
+    from sampler import SharedPrefix
     randomise_lora(tiny_policy, seed=3)
     enc = tiny_policy.encode
     start = enc("System: you play a game. Example: go north. Task: find the red key.")

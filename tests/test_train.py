@@ -9,9 +9,10 @@ import pytest
 import train
 from tests.conftest import ROOT
 
-DETERMINISTIC = ("reward", "reward_ext", "reward_int", "success_rate", "frac_reward_zero_std", "loss", "entropy",
-                 "clip_ratio", "masked_fraction", "modes/plain", "modes/off_policy", "modes/on_policy_tips",
-                 "memory/size", "novelty/states", "tokens_generated", "grad_norm")
+DETERMINISTIC = ("charts/return", "charts/return_ext", "charts/return_int", "charts/success_rate",
+                 "charts/frac_reward_zero_std", "losses/policy_loss", "losses/entropy", "losses/clip_frac",
+                 "losses/masked_frac", "modes/plain", "modes/off_policy", "modes/on_policy_tips", "memory/size",
+                 "novelty/states", "charts/tokens_generated", "losses/grad_norm")
 
 
 def tiny_args(model_dir, out, name, iterations, *extra):
@@ -35,10 +36,11 @@ def test_train_cli_end_to_end_with_the_default_model(tmp_path):
     run = tmp_path / "rooms-empo2-s0"
     rows = read_metrics(run)
     assert [r["iteration"] for r in rows] == [0, 1]
-    for key in ("reward", "reward_std", "frac_reward_zero_std", "success_rate", "entropy", "clip_ratio",
-                "masked_fraction", "reward_int", "loss", "tokens_per_s", "memory/size", "skipped_step"):
+    for key in ("charts/return", "charts/return_std", "charts/frac_reward_zero_std", "charts/success_rate",
+                "losses/entropy", "losses/clip_frac", "losses/masked_frac", "charts/return_int", "losses/policy_loss",
+                "charts/tokens_per_s", "memory/size", "update/skipped_steps"):
         assert key in rows[0], key
-    assert rows[1]["memory/size"] >= 1 and rows[1]["reward_int"] > 0
+    assert rows[1]["memory/size"] >= 1 and rows[1]["charts/return_int"] > 0
     config = json.loads((run / "config.json").read_text())
     assert config["env"] == "rooms" and config["p"] == 1.0
     assert (run / "adapter" / "adapter_config.json").exists() and (run / "learning_curve.png").stat().st_size > 1000
@@ -142,7 +144,7 @@ def test_a_small_task_pool_repeats_tasks_so_tips_are_retrieved(tmp_path, tiny_mo
     assert train.main(tiny_args(tiny_model_dir, tmp_path, "pool", 2, "--train-tasks", "2", "--p", "1",
                                 "--eval-episodes", "0")) == 0
     metrics = read_metrics(tmp_path / "pool")
-    assert [m["episodes_with_tips"] for m in metrics] == [0, 4]
+    assert [m["memory/episodes_with_tips"] for m in metrics] == [0, 4]
     # a memory group whose episodes saw no tip is trained on-policy, and counted so
     assert metrics[0]["modes/off_policy"] == 0 and metrics[0]["modes/on_policy_tips"] == 2
     assert metrics[1]["modes/off_policy"] + metrics[1]["modes/on_policy_tips"] == 2
@@ -160,6 +162,7 @@ def test_a_small_task_pool_repeats_tasks_so_tips_are_retrieved(tmp_path, tiny_mo
     (["--env", "rooms", "--warm-start", "maybe"], "--warm-start must be auto, on or off"),
     (["--env", "scienceworld", "--warm-start", "on"], "scienceworld has no scripted demonstrator"),
     (["--env", "rooms", "--iterations", "-1"], "--iterations must be at least 0"),
+    (["--env", "rooms", "--report-to", "wandb"], "--report-to must be none or tensorboard"),
 ])
 def test_bad_flags_are_argparse_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -198,7 +201,7 @@ def test_train_cli_on_scienceworld(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "scienceworld-empo2-s0"
     row = read_metrics(run)[0]
-    assert row["episode_steps"] == 2 and row["memory/size"] >= 1
+    assert row["charts/episode_steps"] == 2 and row["memory/size"] >= 1
     sample = (run / "samples" / "iter_0000.txt").read_text()
     assert "scienceworld/find-living-thing/" in sample and "living thing" in sample
 
@@ -206,10 +209,25 @@ def test_train_cli_on_scienceworld(tmp_path):
 def test_a_validation_valid_action_rate_below_the_alarm_is_reported(capsys):
     from empo2 import Config
     from train import print_iteration
-    row = {"iteration": 3, "reward": 0.1, "reward_ext": 0.1, "success_rate": 0.1, "frac_reward_zero_std": 0.5,
-           "valid_action_rate": 0.95, "loss": 0.0, "entropy": 0.4, "update/ratio_min": 0.8, "update/ratio_max": 1.3,
-           "clip_ratio": 0.01, "kl/probe": 0.002, "time/iteration_s": 10.0, "val/success_rate": 20.0}
+    row = {"iteration": 3, "charts/return": 0.1, "charts/return_ext": 0.1, "charts/success_rate": 0.1,
+           "charts/frac_reward_zero_std": 0.5, "charts/valid_action_rate": 0.95, "losses/policy_loss": 0.0,
+           "losses/entropy": 0.4, "losses/ratio_min": 0.8, "losses/ratio_max": 1.3, "losses/clip_frac": 0.01,
+           "losses/approx_kl": 0.002, "time/iteration_s": 10.0, "val/success_rate": 20.0}
     print_iteration({**row, "val/valid_action_rate": 95.0}, [], Config())
     assert "WARNING" not in capsys.readouterr().err
     print_iteration({**row, "val/valid_action_rate": 62.5}, [], Config())
     assert "WARNING: validation valid-action rate 62.5 %" in capsys.readouterr().err
+
+
+def test_report_to_tensorboard_writes_the_metrics_as_event_files(tmp_path, tiny_model_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    assert train.main(tiny_args(tiny_model_dir, tmp_path, "tb", 2, "--report-to", "tensorboard")) == 0
+    rows = read_metrics(tmp_path / "tb")
+    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"charts/return", "charts/success_rate", "losses/policy_loss", "losses/approx_kl", "time/iteration_s"} <= tags
+    for key in ("charts/return", "losses/policy_loss"):
+        logged = events.Scalars(key)
+        assert [e.step for e in logged] == [0, 1]
+        assert [e.value for e in logged] == pytest.approx([r[key] for r in rows], rel=1e-6)
