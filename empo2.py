@@ -157,6 +157,10 @@ class Config:
     warm_start_seed: int = 0
     """seed of the warm start (its demonstrations and their order); one for every run seed, so all
     runs start from the same policy"""
+    warm_start_tips: bool = False
+    """the warm start also clones the reflection step: each demonstrator episode, the reflection prompt
+    and a scripted tip written from what the episode saw (envs/tips.py), so a small policy learns to
+    write factual tips; off: the warm start of the committed results"""
     val_every: int = 0
     """evaluate on the validation split every this many iterations, and after the last (0: never); a
     valid-action rate below --valid-alarm is reported loudly"""
@@ -486,24 +490,9 @@ def intrinsic_rewards(trajs: list["Trajectory"], novelty, embedder, coef: float)
 
 
 def reflect(policy, trajs: list[Trajectory], cfg: Config) -> list[str]:
-    """docs/algorithm.md, step 3: the policy reads its own episode (without tips) and writes a one-sentence tip.
-
-    Batched over episodes. Over-long conversations keep their first segment (system prompt, task)
-    and their most recent tokens.
-    """
-    chat, prompts = policy.chat, []
-    for tr in trajs:
-        ids, _ = tr.tokens(with_tips=False)
-        last = tr.segments[-1]
-        # after a final action, open a new user turn; otherwise a user turn (the last observation) is open
-        sep = policy.after_action(last[1]) if last[0] == "action" else "\n\n"
-        ask = policy.encode(sep + REFLECTION_PROMPT.format(final=tr.final_obs[:1000], score=tr.ext_return)
-                            + chat.user_to_assistant)
-        budget = cfg.max_prompt_tokens - cfg.tip_max_new_tokens - len(ask)
-        head = tr.segments[0][1]
-        if len(ids) > budget:
-            ids = head[:budget // 2] + ids[-(budget - min(len(head), budget // 2)):]
-        prompts.append(ids + ask)
+    """docs/algorithm.md, step 3: the policy reads its own episode (without tips) and writes a one-sentence
+    tip. Batched over episodes."""
+    prompts = [reflection_prompt(policy, tr, cfg) for tr in trajs]
     tips = []
     with policy.sampling() as sampler:
         outs = sampler.generate(prompts, list(range(len(prompts))), cfg.tip_max_new_tokens, cfg.temperature)
@@ -513,6 +502,22 @@ def reflect(policy, trajs: list[Trajectory], cfg: Config) -> list[str]:
     for tr, tip in zip(trajs, tips):
         tr.tip = tip
     return tips
+
+
+def reflection_prompt(policy, tr: Trajectory, cfg: Config) -> list[int]:
+    """The ids the policy reflects on: its episode without tips, then REFLECTION_PROMPT in a new user turn.
+    Over-long conversations keep their first segment (system prompt, task) and their most recent tokens."""
+    ids, _ = tr.tokens(with_tips=False)
+    last = tr.segments[-1]
+    # after a final action, open a new user turn; otherwise a user turn (the last observation) is open
+    sep = policy.after_action(last[1]) if last[0] == "action" else "\n\n"
+    ask = policy.encode(sep + REFLECTION_PROMPT.format(final=tr.final_obs[:1000], score=tr.ext_return)
+                        + policy.chat.user_to_assistant)
+    budget = cfg.max_prompt_tokens - cfg.tip_max_new_tokens - len(ask)
+    head = tr.segments[0][1]
+    if len(ids) > budget:
+        ids = head[:budget // 2] + ids[-(budget - min(len(head), budget // 2)):]
+    return ids + ask
 
 
 def tip_quality(trajs: list[Trajectory]) -> dict:

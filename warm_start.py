@@ -32,7 +32,8 @@ import torch
 from tqdm.auto import tqdm
 
 import envs
-from empo2 import ON_POLICY, PLAIN, SYSTEM_PROMPT, Trajectory, episode_start
+from empo2 import ON_POLICY, PLAIN, SYSTEM_PROMPT, Trajectory, episode_start, reflection_prompt
+from envs.tips import scripted_tip
 from utils import mean_ci95, replace_atomically, write_atomically
 from sampler import SharedPrefix
 
@@ -75,6 +76,17 @@ def demonstrations(policy, cfg, make_kwargs: dict | None = None) -> list[Traject
         return [demonstration(policy, env, t, demonstrator, rng, cfg.shows_demo) for t in tasks]
     finally:
         env.close()
+
+
+def tip_demonstration(policy, tr: Trajectory, cfg) -> Trajectory:
+    """The reflection step (docs/algorithm.md, step 3) as a demonstration: the episode and the reflection
+    prompt as context, the scripted tip (written only from what the episode saw) as the action cloned."""
+    tip = scripted_tip(cfg.env, tr.transcript, tr.final_obs, tr.ext_return)
+    out = Trajectory(task=tr.task, group=0, rollout_mode=PLAIN, update_mode=ON_POLICY, first_obs=tr.first_obs,
+                     tip=tip)
+    out.segments = [("context", reflection_prompt(policy, tr, cfg)),
+                    ("action", policy.encode(tip)[:cfg.tip_max_new_tokens - 1] + [policy.end_of_turn_id])]
+    return out
 
 
 def behaviour_clone(policy, trajs: list[Trajectory], cfg) -> list[float]:
@@ -135,7 +147,8 @@ def cache_key(policy, cfg) -> dict:
             "episodes": cfg.warm_start_episodes, "epochs": cfg.warm_start_epochs, "lr": cfg.warm_start_lr,
             "batch": cfg.warm_start_batch, "seed": cfg.warm_start_seed, "lora_r": cfg.lora_r, "lora_alpha": cfg.lora_alpha,
             "max_grad_norm": cfg.max_grad_norm, "prompt": hashlib.sha256(prompt.encode()).hexdigest()[:16],
-            "code": source_hash(envs.module(cfg.env), demonstration, demonstrations, behaviour_clone)}
+            "code": source_hash(envs.module(cfg.env), demonstration, demonstrations, behaviour_clone),
+            **({"tips": source_hash(tip_demonstration, reflection_prompt, envs.tips)} if cfg.warm_start_tips else {})}
 
 
 def cache_folder(key: dict) -> Path:
@@ -180,16 +193,21 @@ def warm_start(policy, cfg, make_kwargs: dict | None = None) -> dict:
         return {**meta, "cached": True, "folder": str(folder)}
     t0 = time.time()
     trajs = demonstrations(policy, cfg, make_kwargs)
+    tip_trajs = [tip_demonstration(policy, tr, cfg) for tr in trajs] if cfg.warm_start_tips else []
     score, score_ci = mean_ci95([100 * tr.score for tr in trajs])
     success, success_ci = mean_ci95([100 * tr.won for tr in trajs])
     tokens = sum(sum(tr.tokens()[1]) for tr in trajs)
     print(f"warm start: {len(trajs)} demonstrator episodes on training tasks (score {score:.1f}, success "
           f"{success:.0f} %, {tokens} action tokens); behaviour cloning for {cfg.warm_start_epochs} epochs")
-    losses = behaviour_clone(policy, trajs, cfg)
+    if tip_trajs:
+        print(f"warm start: + {len(tip_trajs)} reflections with scripted tips, e.g. {tip_trajs[0].tip!r}")
+    losses = behaviour_clone(policy, trajs + tip_trajs, cfg)
     meta = {"key": key, "build_s": time.time() - t0, "losses": losses,
+            "scripted_tips": [tr.tip for tr in tip_trajs],
             "demonstrator": {"episodes": len(trajs), "score": score, "score_ci95": score_ci, "success_rate": success,
                              "success_ci95": success_ci, "mean_steps": float(np.mean([len(tr.rewards) for tr in trajs])),
                              "action_tokens": tokens}}
+
     def write(tmp: Path) -> None:
         policy.model.save_pretrained(tmp / "adapter")
         write_atomically(tmp / "meta.json", json.dumps(meta, indent=1))

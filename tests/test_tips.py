@@ -1,0 +1,104 @@
+"""Scripted reflection (envs/tips.py): tips written only from what the episode saw, and the warm start
+that clones them (--warm-start-tips)."""
+import copy
+import dataclasses
+import random
+import re
+
+import envs
+from empo2 import REFLECTION_PROMPT, Config
+from envs.rooms import oracle_actions
+from envs.tips import scripted_tip
+from envs.webshop_mini import get_catalog
+
+
+def episode(name, task, actions=None, seed=0):
+    """(transcript, final observation, score) of one episode: the given actions, else the demonstrator's."""
+    env, demo, rng = envs.make(name, "test"), envs.demonstrator(name), random.Random(seed)
+    obs, _ = env.reset(task)
+    transcript, done, k = [], False, 0
+    while not done:
+        action = actions[k] if actions else demo(obs, rng)
+        k += 1
+        step = {"observation": obs, "action": action}
+        obs, reward, done, info = env.step(action)
+        transcript.append({**step, "valid": info["valid"]})
+    return transcript, obs, info["score"]
+
+
+def test_a_rooms_tip_names_the_rooms_the_episode_saw_and_none_it_did_not():
+    for k, task in enumerate(envs.tasks("rooms", "test")[:20]):
+        transcript, final, score = episode("rooms", task, seed=k)
+        tip = scripted_tip("rooms", transcript, final, score)
+        text = " ".join(s["observation"] for s in transcript) + final
+        entered = set(re.findall(r"You are in the (\w+)\.", text))
+        went = re.search(r"Went to (.*?)\.", tip).group(1).split(", ")
+        assert set(went) == entered
+        for room in task.side_rooms:   # a room is named only if the episode saw it (entered, or as a door)
+            if room not in text:
+                assert room not in tip, (room, tip)
+        assert tip.startswith(f"Score {score:.2f}.")
+
+
+def test_a_successful_rooms_tip_says_where_the_target_was():
+    task = envs.tasks("rooms", "test")[7]
+    tip = scripted_tip("rooms", *episode("rooms", task, oracle_actions(task)))
+    assert tip.startswith("Score 1.00.") and f"Done in the {task.target_room}" in tip
+    assert f"{task.color} {'light bulb' if task.kind == 'bulb' else 'box'} in the {task.target_room}" in tip
+
+
+def test_a_failed_rooms_tip_points_at_the_doors_left_unexplored():
+    task = envs.tasks("rooms", "test")[3]
+    tip = scripted_tip("rooms", *episode("rooms", task, ["go to hallway"] + ["look around"] * 9))
+    unexplored = [r for r in task.side_rooms if r != task.start]
+    assert tip.startswith("Score 0.00.") and "Never entered " + ", ".join(unexplored) in tip
+
+
+def test_webshop_tips_never_read_the_hidden_goal(monkeypatch):
+    """The same transcripts give the same tips after every hidden goal field is scrambled."""
+    played = [episode("webshop-mini", t, seed=k) for k, t in enumerate(envs.tasks("webshop-mini", "test")[:15])]
+    tips = [scripted_tip("webshop-mini", *e) for e in played]
+    catalog = get_catalog()
+    scrambled = copy.deepcopy(catalog.goals)
+    for g in scrambled:
+        g.update(asin="B000000000", goal_options=["nonexistent option"], attributes=["nothing"], name="x", query="y")
+    monkeypatch.setattr(catalog, "goals", scrambled)
+    assert [scripted_tip("webshop-mini", *e) for e in played] == tips
+    transcript, final, score = played[0]
+    query = transcript[0]["action"][len("search["):-1]
+    bought = re.search(r"You bought (\S+)", final).group(1).rstrip(".")
+    assert f"'{query}'" in tips[0] and f"Bought {bought}" in tips[0] and tips[0].startswith(f"Score {score:.2f}.")
+
+
+def test_the_tip_demonstration_clones_the_scripted_tip_after_the_reflection_prompt(tiny_policy):
+    import warm_start
+    cfg = Config(env="rooms", warm_start_episodes=2, warm_start_tips=True)
+    trajs = warm_start.demonstrations(tiny_policy, cfg)
+    pairs = [warm_start.tip_demonstration(tiny_policy, tr, cfg) for tr in trajs]
+    for tr, pair in zip(trajs, pairs):
+        assert pair.tip == scripted_tip("rooms", tr.transcript, tr.final_obs, tr.ext_return)
+        (ctx_kind, ctx), (act_kind, act) = pair.segments
+        assert (ctx_kind, act_kind) == ("context", "action") and act[-1] == tiny_policy.end_of_turn_id
+        assert tiny_policy.decode(act).strip() == pair.tip
+        assert REFLECTION_PROMPT.split(".")[0] in tiny_policy.decode(ctx)
+        # the hidden goal scrambled after the episode: the same tip (the writer never sees the task)
+        tr.task = dataclasses.replace(tr.task, target_room="nowhere", color="no colour")
+        assert warm_start.tip_demonstration(tiny_policy, tr, cfg).tip == pair.tip
+
+
+def test_warm_start_tips_is_its_own_cache_entry(tiny_policy):
+    import warm_start
+    plain = warm_start.cache_key(tiny_policy, Config(env="rooms"))
+    tips = warm_start.cache_key(tiny_policy, Config(env="rooms", warm_start_tips=True))
+    assert "tips" not in plain and "tips" in tips
+    assert warm_start.cache_folder(plain) != warm_start.cache_folder(tips)
+
+
+def test_a_warm_start_with_tips_clones_episodes_and_reflections(tiny_policy):
+    import warm_start
+    cfg = Config(env="rooms", model="tiny", warm_start_episodes=2, warm_start_epochs=1, warm_start_batch=2,
+                 warm_start_tips=True)
+    meta = warm_start.warm_start(tiny_policy, cfg)
+    assert not meta["cached"] and len(meta["scripted_tips"]) == 2
+    assert len(meta["losses"]) == 2            # 4 sequences (2 episodes + 2 reflections), 2 per step
+    assert all(t.startswith("Score ") for t in meta["scripted_tips"])
