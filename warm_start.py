@@ -32,8 +32,9 @@ import torch
 from tqdm.auto import tqdm
 
 import envs
-from empo2 import ON_POLICY, PLAIN, SYSTEM_PROMPT, Trajectory, episode_start, reflection_prompt
-from envs.tips import scripted_tip
+from empo2 import (MEMORY, ON_POLICY, ON_POLICY_TIPS, PLAIN, SYSTEM_PROMPT, Trajectory, episode_start, fit_tips,
+                   reflection_prompt)
+from envs.tips import FOLLOWERS, scripted_tip
 from utils import mean_ci95, replace_atomically, write_atomically
 from sampler import SharedPrefix
 
@@ -86,6 +87,28 @@ def tip_demonstration(policy, tr: Trajectory, cfg) -> Trajectory:
                      tip=tip)
     out.segments = [("context", reflection_prompt(policy, tr, cfg)),
                     ("action", policy.encode(tip)[:cfg.tip_max_new_tokens - 1] + [policy.end_of_turn_id])]
+    return out
+
+
+def memory_demonstrations(policy, trajs: list[Trajectory], cfg, make_kwargs: dict | None = None) -> list[Trajectory]:
+    """A second attempt at each demonstration's task in memory mode (docs/algorithm.md, step 2): the first
+    attempt's scripted tip shown at the first step, as a memory rollout shows a retrieved tip, and a
+    demonstrator that follows it (envs/tips.py, FOLLOWERS; it sees the observation and the tips, never
+    the task)."""
+    env = envs.make(cfg.env, split="train", seed=cfg.warm_start_seed + 1, **(make_kwargs or {}))
+    rng, out = random.Random(cfg.warm_start_seed + 1), []
+    try:
+        for first in trajs:
+            tip = scripted_tip(cfg.env, first.transcript, first.final_obs, first.ext_return)
+            tip_ids, shown = fit_tips(policy, [f"{tip} (score: {first.ext_return:.2f})"], cfg.tip_block_tokens)
+            tr = demonstration(policy, env, first.task, FOLLOWERS[cfg.env](shown), rng, cfg.shows_demo)
+            # the tip block goes where prepare_step puts it: after the first observation, before the turn ends
+            tr.segments.insert(1, ("tip", tip_ids))
+            tr.transcript[0]["tips"] = shown
+            tr.rollout_mode, tr.update_mode = MEMORY, ON_POLICY_TIPS
+            out.append(tr)
+    finally:
+        env.close()
     return out
 
 
@@ -148,7 +171,8 @@ def cache_key(policy, cfg) -> dict:
             "batch": cfg.warm_start_batch, "seed": cfg.warm_start_seed, "lora_r": cfg.lora_r, "lora_alpha": cfg.lora_alpha,
             "max_grad_norm": cfg.max_grad_norm, "prompt": hashlib.sha256(prompt.encode()).hexdigest()[:16],
             "code": source_hash(envs.module(cfg.env), demonstration, demonstrations, behaviour_clone),
-            **({"tips": source_hash(tip_demonstration, reflection_prompt, envs.tips)} if cfg.warm_start_tips else {})}
+            **({"tips": source_hash(tip_demonstration, memory_demonstrations, reflection_prompt, envs.tips)}
+               if cfg.warm_start_tips else {})}
 
 
 def cache_folder(key: dict) -> Path:
@@ -193,17 +217,24 @@ def warm_start(policy, cfg, make_kwargs: dict | None = None) -> dict:
         return {**meta, "cached": True, "folder": str(folder)}
     t0 = time.time()
     trajs = demonstrations(policy, cfg, make_kwargs)
-    tip_trajs = [tip_demonstration(policy, tr, cfg) for tr in trajs] if cfg.warm_start_tips else []
+    tip_trajs = []   # --warm-start-tips: writing a tip after each episode, and following one in a second attempt
+    if cfg.warm_start_tips:
+        tip_trajs = [tip_demonstration(policy, tr, cfg) for tr in trajs] + memory_demonstrations(policy, trajs, cfg, make_kwargs)
     score, score_ci = mean_ci95([100 * tr.score for tr in trajs])
     success, success_ci = mean_ci95([100 * tr.won for tr in trajs])
     tokens = sum(sum(tr.tokens()[1]) for tr in trajs)
     print(f"warm start: {len(trajs)} demonstrator episodes on training tasks (score {score:.1f}, success "
           f"{success:.0f} %, {tokens} action tokens); behaviour cloning for {cfg.warm_start_epochs} epochs")
     if tip_trajs:
-        print(f"warm start: + {len(tip_trajs)} reflections with scripted tips, e.g. {tip_trajs[0].tip!r}")
+        followed = tip_trajs[len(trajs):]
+        print(f"warm start: + {len(trajs)} reflections with scripted tips, e.g. {tip_trajs[0].tip!r}; + {len(followed)} "
+              f"second attempts that follow them (success {100 * np.mean([tr.won for tr in followed]):.0f} %, "
+              f"first attempts {success:.0f} %)")
     losses = behaviour_clone(policy, trajs + tip_trajs, cfg)
     meta = {"key": key, "build_s": time.time() - t0, "losses": losses,
-            "scripted_tips": [tr.tip for tr in tip_trajs],
+            "scripted_tips": [tr.tip for tr in tip_trajs[:len(trajs)]],
+            "tip_following": {"episodes": len(tip_trajs) - len(trajs),
+                              "success_rate": float(np.mean([100 * tr.won for tr in tip_trajs[len(trajs):]] or [np.nan]))},
             "demonstrator": {"episodes": len(trajs), "score": score, "score_ci95": score_ci, "success_rate": success,
                              "success_ci95": success_ci, "mean_steps": float(np.mean([len(tr.rewards) for tr in trajs])),
                              "action_tokens": tokens}}

@@ -10,7 +10,10 @@ goal (which room holds the target, which product is right) cannot leak into a ti
 """
 from __future__ import annotations
 
+import random
 import re
+
+from envs import valid_actions_of
 
 ROOM_RE = re.compile(r"You are in the (\w+)\. You see: (.*?)\. Doors lead to: (.*?)\.")
 
@@ -81,6 +84,59 @@ def webshop_tip(transcript: list[dict], final_obs: str, score: float) -> str:
 
 
 WRITERS = {"rooms": rooms_tip, "webshop-mini": webshop_tip}
+
+
+# ----------------------------------------------------------------------------------------
+# Following tips: the demonstrators of memory-mode demonstrations. Each sees the observation and the
+# tips shown in the episode (the agent's own view), never the task.
+class RoomsTipFollower:
+    """Goes where a tip says the goal's object was seen (or the goal was done); else to a room a tip
+    says was never entered; acts on the goal's object as soon as it is in sight; else walks at random."""
+
+    def __init__(self, tips: list[str]):
+        self.tips, self.goal, self.visited = " ".join(tips), None, set()
+
+    def __call__(self, obs: str, rng: random.Random) -> str:
+        goal = re.search(r"Your task is to (turn on|open|water) the (.+?)\.", obs)
+        if goal:
+            self.goal = goal.groups()    # (verb, "red light bulb"): the instruction the agent reads
+        here = ROOM_RE.search(obs)
+        valid = valid_actions_of(obs)
+        if here:
+            self.visited.add(here.group(1))
+        if self.goal and here and self.goal[1] in here.group(2):
+            return f"{self.goal[0]} {self.goal[1]}"
+        known = re.findall(r"Done in the (\w+)", self.tips)
+        if self.goal:   # "Saw a red box in the garden; ..." (not "Tried open red box in the hallway")
+            seen = " ".join(re.findall(r"Saw (.*?)\.", self.tips))
+            known += re.findall(r"(?:^|; )" + re.escape(self.goal[1]) + r" in the (\w+)", seen)
+        unexplored = [r for block in re.findall(r"Never entered (.*?):", self.tips) for r in block.split(", ")]
+        for room in known + [r for r in unexplored if r not in self.visited]:
+            if f"go to {room}" in valid:
+                return f"go to {room}"
+            if "go to hallway" in valid and (not here or here.group(1) != room):
+                return "go to hallway"
+        return rng.choice(valid or ["look around"])
+
+
+class WebshopTipFollower:
+    """The webshop-mini demonstrator, except that on a results page it skips the products a tip says
+    were bought without a full match."""
+
+    def __init__(self, tips: list[str]):
+        self.avoid = {m.lower() for m in re.findall(r"Bought (\w+): not a full match", " ".join(tips))}
+
+    def __call__(self, obs: str, rng: random.Random) -> str:
+        from envs.webshop_mini import _NAVIGATION, demonstrator
+        action = demonstrator(obs, rng)
+        if "(Total results: " in obs and action[6:-1] in self.avoid:
+            others = [a for a in valid_actions_of(obs)
+                      if a.startswith("click[") and a not in _NAVIGATION and a[6:-1] not in self.avoid]
+            return others[0] if others else action
+        return action
+
+
+FOLLOWERS = {"rooms": RoomsTipFollower, "webshop-mini": WebshopTipFollower}
 
 
 def scripted_tip(env: str, transcript: list[dict], final_obs: str, score: float) -> str:

@@ -99,6 +99,37 @@ def test_a_warm_start_with_tips_clones_episodes_and_reflections(tiny_policy):
     cfg = Config(env="rooms", model="tiny", warm_start_episodes=2, warm_start_epochs=1, warm_start_batch=2,
                  warm_start_tips=True)
     meta = warm_start.warm_start(tiny_policy, cfg)
-    assert not meta["cached"] and len(meta["scripted_tips"]) == 2
-    assert len(meta["losses"]) == 2            # 4 sequences (2 episodes + 2 reflections), 2 per step
+    assert not meta["cached"] and len(meta["scripted_tips"]) == 2 and meta["tip_following"]["episodes"] == 2
+    assert len(meta["losses"]) == 3            # 6 sequences (2 episodes, 2 reflections, 2 second attempts), 2 per step
     assert all(t.startswith("Score ") for t in meta["scripted_tips"])
+
+
+def test_the_rooms_tip_follower_goes_where_the_tip_says():
+    from envs.tips import RoomsTipFollower
+    task = envs.tasks("rooms", "test")[11]
+    first = scripted_tip("rooms", *episode("rooms", task, oracle_actions(task)))
+    env, rng = envs.make("rooms", "test"), random.Random(0)
+    follow = RoomsTipFollower([first + " (score: 1.00)"])
+    obs, _ = env.reset(task)
+    actions, done = [], False
+    while not done:
+        actions.append(follow(obs, rng))
+        obs, reward, done, info = env.step(actions[-1])
+    assert info["won"] and actions[:2] == ["go to hallway", f"go to {task.target_room}"]
+
+
+def test_memory_demonstrations_show_the_tip_once_and_follow_it(tiny_policy):
+    import warm_start
+    from empo2 import MEMORY, TIP_HEADER
+    cfg = Config(env="rooms", warm_start_episodes=12, warm_start_tips=True)
+    firsts = warm_start.demonstrations(tiny_policy, cfg)
+    seconds = warm_start.memory_demonstrations(tiny_policy, firsts, cfg)
+    for first, second in zip(firsts, seconds):
+        assert second.task == first.task and second.rollout_mode == MEMORY
+        tips = [seg for kind, seg in second.segments if kind == "tip"]
+        assert len(tips) == 1 and tiny_policy.decode(tips[0]).startswith(TIP_HEADER)
+        assert second.transcript[0]["tips"][0].startswith(scripted_tip("rooms", first.transcript, first.final_obs,
+                                                                       first.ext_return))
+        assert all(step["tips"] == [] for step in second.transcript[1:])
+    # following the tips pays: the second attempts win far more often than the random first ones
+    assert sum(tr.won for tr in seconds) >= sum(tr.won for tr in firsts) + 4
