@@ -8,6 +8,8 @@
     python evaluate.py --run runs/rooms-empo2-s0 --split ood --memory on --trials 10
                                                                   # adaptation: tips on, NO weight update
     python evaluate.py --env rooms --split ood --memory on --trials 10   # memory-only baseline (Reflexion-style)
+    python evaluate.py --run runs/rooms-empo2-s0 --split ood --memory both --trials 3
+                                                                  # adaptation and its memory-off control, side by side
     python evaluate.py --compare runs/rooms-empo2-s0 runs/rooms-empo2-s1 runs/rooms-grpo-s0 runs/untrained-rooms
                                                                   # -> compare.md (table) and compare.png (curves)
 
@@ -64,7 +66,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default=None, help="a run folder written by train.py (omit, or 'none': the untrained model)")
     p.add_argument("--split", choices=SPLITS, default="test", help="val: for choosing settings; test: unseen instances, for final tables only; ood: unseen kinds of task")
-    p.add_argument("--memory", choices=("off", "on"), default="off", help="on: the adaptation test (tips, no weight update)")
+    p.add_argument("--memory", choices=("off", "on", "both"), default="off",
+                   help="on: the adaptation test (tips, no weight update); both: it and its memory-off control on the "
+                        "same goals and seed, side by side")
     p.add_argument("--trials", type=int, default=None, help="trials per task (default: 1 with --memory off, 3 with on)")
     p.add_argument("--episodes", type=int, default=Config.eval_episodes, help=f"N tasks spread evenly over the split, the same as train.py evaluates (default: {Config.eval_episodes})")
     p.add_argument("--out", default=None, help="eval: the JSON file (default RUN/eval_SPLIT_MEMORY.json); "
@@ -86,7 +90,9 @@ def parse_args(argv=None):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.trials is None:
-        args.trials = 3 if args.memory == "on" else 1
+        args.trials = 1 if args.memory == "off" else 3
+    if args.memory == "both" and args.out is not None:
+        p.error("--memory both writes two files next to the run (eval_SPLIT_off.json, eval_SPLIT_on.json); drop --out")
     if args.trials < 1 or (args.max_steps is not None and args.max_steps < 0):
         p.error("--trials must be at least 1 and --max-steps at least 0")
     if args.eval_temperature is not None and args.eval_temperature < 0:
@@ -250,6 +256,7 @@ def evaluate(parser, args) -> int:
     if result["gain_pct"] is not None:
         print(f"trial 1 -> {args.trials}: {first:.1f} -> {last:.1f} ({result['gain_pct']:+.0f} %)")
     print(f"wrote {out}")
+    args.last_out = str(out)
     return 0
 
 
@@ -718,7 +725,43 @@ def main(argv=None) -> int:
     parser, args = parse_args(argv)
     if args.sweep is not None:
         return sweep(parser, args)
-    return compare(parser, args) if args.compare is not None else evaluate(parser, args)
+    if args.compare is not None:
+        return compare(parser, args)
+    if args.memory == "both":
+        return adaptation_with_control(parser, args)
+    return evaluate(parser, args)
+
+
+def adaptation_with_control(parser, args) -> int:
+    """The adaptation test (memory on) and its control (memory off: the same goals, seed and number of
+    trials, each trial independent), then both per trial side by side, and on − off at the last trial
+    paired over goals."""
+    results = {}
+    for memory in ("off", "on"):
+        print(f"--- memory {memory}")
+        one = argparse.Namespace(**{**vars(args), "memory": memory})
+        evaluate(parser, one)
+        results[memory] = json.loads(Path(one.last_out).read_text())
+    print(adaptation_table(results["off"], results["on"]))
+    return 0
+
+
+def adaptation_table(off: dict, on: dict) -> str:
+    """Markdown: success and score per trial with memory on and off, and the paired difference at the last trial."""
+    lines = ["| trial | success, memory on | success, memory off | score, memory on | score, memory off | episodes with tips |",
+             "|---|---|---|---|---|---|"]
+    for a, b in zip(on["trials"], off["trials"]):
+        lines.append(f"| {a['trial']} | {fmt_ci(a['success_rate'], a['success_ci95'])} | {fmt_ci(b['success_rate'], b['success_ci95'])} "
+                     f"| {fmt_ci(a['score'], a['score_ci95'])} | {fmt_ci(b['score'], b['score_ci95'])} | {a['episodes_with_tips']} |")
+    last = on["trials"][-1]["trial"]
+    at = lambda result, k: [e for e in result["episodes"] if e["trial"] == k]
+    vs_off = paired_goal_difference(at(off, last), at(on, last), "won")
+    vs_first = paired_goal_difference(at(on, 1), at(on, last), "won")
+    (lo, hi), (flo, fhi) = vs_off["difference_ci95"], vs_first["difference_ci95"]
+    lines += ["", f"Trial {last}, memory on − memory off, paired over {vs_off['n_goals']} goals (95 % bootstrap CI): "
+              f"success {vs_off['difference']:+.1f} [{lo:+.1f}, {hi:+.1f}] points; memory on, trial {last} − trial 1: "
+              f"{vs_first['difference']:+.1f} [{flo:+.1f}, {fhi:+.1f}]."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -118,6 +118,23 @@ def test_adaptation_writes_tips_and_never_changes_weights(run_dir, eval_off):
         assert memory.tips[t["task_id"]][0].startswith(t["tips"][0])  # stored text = tip + "(score: ...)"
 
 
+def test_the_memory_off_control_runs_the_same_goals_and_seed_side_by_side(run_dir, eval_off, capsys):
+    assert evaluate.main(["--run", str(run_dir), "--split", "ood", "--memory", "both", "--trials", "2", *TINY]) == 0
+    off, on = (strict_json(run_dir / f"eval_ood_{m}.json") for m in ("off", "on"))
+    assert off["settings"]["seed"] == on["settings"]["seed"] and off["settings"]["trials"] == on["settings"]["trials"] == 2
+    for trial in (1, 2):
+        goals = lambda res: [e["task_id"] for e in res["episodes"] if e["trial"] == trial]
+        assert goals(off) == goals(on) and len(goals(on)) == 2
+    assert all(t["episodes_with_tips"] == 0 for t in off["trials"]) and on["trials"][1]["episodes_with_tips"] == 2
+    text = capsys.readouterr().out
+    assert "| trial | success, memory on | success, memory off |" in text and "memory on − memory off" in text
+
+
+def test_memory_both_refuses_one_out_file():
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["--env", "rooms", "--memory", "both", "--out", "x.json"])
+
+
 def test_memory_off_trials_repeat_each_task(run_dir, eval_off, tmp_path):
     out = tmp_path / "repeat.json"
     assert evaluate.main(["--run", str(run_dir), "--trials", "2", "--out", str(out), *TINY, "--episodes", "1"]) == 0
