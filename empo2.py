@@ -158,9 +158,10 @@ class Config:
     """seed of the warm start (its demonstrations and their order); one for every run seed, so all
     runs start from the same policy"""
     warm_start_tips: bool = False
-    """the warm start also clones the reflection step: each demonstrator episode, the reflection prompt
-    and a scripted tip written from what the episode saw (envs/tips.py), so a small policy learns to
-    write factual tips; off: the warm start of the committed results"""
+    """the warm start also clones the reflection step (each demonstrator episode, the reflection prompt
+    and a scripted tip written from what the episode saw, envs/tips.py) and a second attempt that
+    follows that tip in memory mode, so a small policy learns to write and read factual tips; off:
+    the warm start of the committed results"""
     val_every: int = 0
     """evaluate on the validation split every this many iterations, and after the last (0: never); a
     valid-action rate below --valid-alarm is reported loudly"""

@@ -188,7 +188,8 @@ def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, 
     return records
 
 
-def evaluate(parser, args) -> int:
+def evaluate(parser, args) -> Path:
+    """One evaluation (--memory off or on) of a run or the untrained model; returns the JSON file written."""
     cfg, run = build_config(parser, args)
     memory_on = args.memory == "on"
     make_kwargs, task_kwargs = envs.settings(cfg.env, cfg.max_steps, cfg.task_names)
@@ -256,8 +257,7 @@ def evaluate(parser, args) -> int:
     if result["gain_pct"] is not None:
         print(f"trial 1 -> {args.trials}: {first:.1f} -> {last:.1f} ({result['gain_pct']:+.0f} %)")
     print(f"wrote {out}")
-    args.last_out = str(out)
-    return 0
+    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -729,7 +729,8 @@ def main(argv=None) -> int:
         return compare(parser, args)
     if args.memory == "both":
         return adaptation_with_control(parser, args)
-    return evaluate(parser, args)
+    evaluate(parser, args)
+    return 0
 
 
 def adaptation_with_control(parser, args) -> int:
@@ -739,9 +740,8 @@ def adaptation_with_control(parser, args) -> int:
     results = {}
     for memory in ("off", "on"):
         print(f"--- memory {memory}")
-        one = argparse.Namespace(**{**vars(args), "memory": memory})
-        evaluate(parser, one)
-        results[memory] = json.loads(Path(one.last_out).read_text())
+        out = evaluate(parser, argparse.Namespace(**{**vars(args), "memory": memory}))
+        results[memory] = json.loads(out.read_text())
     print(adaptation_table(results["off"], results["on"]))
     return 0
 

@@ -70,13 +70,9 @@ def iteration_metrics(it: int, trajs, returns: torch.Tensor, cfg: Config, memory
     first = trajs[::cfg.group_size]   # one episode per group: its modes
     off = [any(t.scored_without_tips for t in trajs if t.group == tr.group) for tr in first]
 
-    def truncated(kind):
-        chosen = [tr for tr in trajs if tr.rollout_mode == kind]
-        return float(np.mean([tr.truncated for tr in chosen])) if chosen else float("nan")
-
-    def success_of(kind):   # memory-mode vs plain rollouts of the same iteration: does reading tips help?
-        chosen = [tr for tr in trajs if tr.rollout_mode == kind]
-        return float(np.mean([tr.won for tr in chosen])) if chosen else float("nan")
+    def mean_in_mode(attr: str, kind: str) -> float:   # over the episodes of one rollout mode; NaN if none
+        chosen = [getattr(tr, attr) for tr in trajs if tr.rollout_mode == kind]
+        return float(np.mean(chosen)) if chosen else float("nan")
     return {"iteration": it, "charts/return": float(returns.mean()), "charts/return_std": float(returns.std()),
             "charts/return_ext": float(ext.mean()), "charts/return_int": float(np.mean([tr.int_return for tr in trajs])),
             "charts/success_rate": float(np.mean([tr.won for tr in trajs])),
@@ -87,12 +83,14 @@ def iteration_metrics(it: int, trajs, returns: torch.Tensor, cfg: Config, memory
             "charts/valid_action_rate": float(np.mean([s.get("valid", False) for tr in trajs for s in tr.transcript] or [0])),
             "charts/episode_steps": float(np.mean([len(tr.rewards) for tr in trajs])),
             "charts/truncated": int(sum(tr.truncated for tr in trajs)),
-            "charts/truncated_plain_frac": truncated(PLAIN), "charts/truncated_memory_frac": truncated(MEMORY),
+            "charts/truncated_plain_frac": mean_in_mode("truncated", PLAIN),
+            "charts/truncated_memory_frac": mean_in_mode("truncated", MEMORY),
             "charts/tokens_generated": sum(len(s) for tr in trajs for kind, s in tr.segments if kind == "action"),
             "modes/plain": sum(tr.rollout_mode == PLAIN for tr in first),
             "modes/on_policy_tips": sum(tr.rollout_mode == MEMORY and not trained_off for tr, trained_off in zip(first, off)),
             "modes/off_policy": sum(off),   # memory groups trained off-policy: those whose episodes saw tips
-            "charts/success_plain": success_of(PLAIN), "charts/success_memory": success_of(MEMORY),
+            # memory-mode vs plain rollouts of the same iteration: does reading tips help?
+            "charts/success_plain": mean_in_mode("won", PLAIN), "charts/success_memory": mean_in_mode("won", MEMORY),
             "memory/episodes_with_tips": int(sum(tr.has_tips for tr in trajs)), **tip_quality(trajs),
             "memory/size": len(memory), "novelty/states": len(novelty), **stats}
 

@@ -90,16 +90,16 @@ def tip_demonstration(policy, tr: Trajectory, cfg) -> Trajectory:
     return out
 
 
-def memory_demonstrations(policy, trajs: list[Trajectory], cfg, make_kwargs: dict | None = None) -> list[Trajectory]:
+def memory_demonstrations(policy, trajs: list[Trajectory], tips: list[str], cfg,
+                          make_kwargs: dict | None = None) -> list[Trajectory]:
     """A second attempt at each demonstration's task in memory mode (docs/algorithm.md, step 2): the first
-    attempt's scripted tip shown at the first step, as a memory rollout shows a retrieved tip, and a
-    demonstrator that follows it (envs/tips.py, FOLLOWERS; it sees the observation and the tips, never
-    the task)."""
+    attempt's scripted tip (tips[k], from tip_demonstration) shown at the first step, as a memory rollout
+    shows a retrieved tip, and a demonstrator that follows it (envs/tips.py, FOLLOWERS; it sees the
+    observation and the tips, never the task)."""
     env = envs.make(cfg.env, split="train", seed=cfg.warm_start_seed + 1, **(make_kwargs or {}))
     rng, out = random.Random(cfg.warm_start_seed + 1), []
     try:
-        for first in trajs:
-            tip = scripted_tip(cfg.env, first.transcript, first.final_obs, first.ext_return)
+        for first, tip in zip(trajs, tips):
             tip_ids, shown = fit_tips(policy, [f"{tip} (score: {first.ext_return:.2f})"], cfg.tip_block_tokens)
             tr = demonstration(policy, env, first.task, FOLLOWERS[cfg.env](shown), rng, cfg.shows_demo)
             # the tip block goes where prepare_step puts it: after the first observation, before the turn ends
@@ -219,7 +219,8 @@ def warm_start(policy, cfg, make_kwargs: dict | None = None) -> dict:
     trajs = demonstrations(policy, cfg, make_kwargs)
     tip_trajs = []   # --warm-start-tips: writing a tip after each episode, and following one in a second attempt
     if cfg.warm_start_tips:
-        tip_trajs = [tip_demonstration(policy, tr, cfg) for tr in trajs] + memory_demonstrations(policy, trajs, cfg, make_kwargs)
+        tip_trajs = [tip_demonstration(policy, tr, cfg) for tr in trajs]
+        tip_trajs += memory_demonstrations(policy, trajs, [tr.tip for tr in tip_trajs], cfg, make_kwargs)
     score, score_ci = mean_ci95([100 * tr.score for tr in trajs])
     success, success_ci = mean_ci95([100 * tr.won for tr in trajs])
     tokens = sum(sum(tr.tokens()[1]) for tr in trajs)

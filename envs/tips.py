@@ -52,6 +52,7 @@ def rooms_tip(transcript: list[dict], final_obs: str, score: float) -> str:
 
 def webshop_tip(transcript: list[dict], final_obs: str, score: float) -> str:
     """The queries searched, the products opened, the options clicked, what was bought and the score."""
+    from envs.webshop_mini import _NAVIGATION
     queries, opened, options = [], [], []
     for step in transcript:
         action = step.get("action", "")
@@ -64,8 +65,7 @@ def webshop_tip(transcript: list[dict], final_obs: str, score: float) -> str:
             titles = re.findall(r"\[" + re.escape(target) + r"\] (.*?) \| \$", step["observation"], re.I)
             if titles:
                 opened.append(f"{target.upper()} ({titles[0]})")
-            elif target not in ("back to search", "next >", "< prev", "description", "features", "reviews",
-                                "buy now", "search"):
+            elif action not in _NAVIGATION:
                 options.append(target)
     parts = [f"Score {score:.2f}."]
     if queries:
@@ -94,7 +94,11 @@ class RoomsTipFollower:
     says was never entered; acts on the goal's object as soon as it is in sight; else walks at random."""
 
     def __init__(self, tips: list[str]):
-        self.tips, self.goal, self.visited = " ".join(tips), None, set()
+        text = " ".join(tips)
+        self.done_in = re.findall(r"Done in the (\w+)", text)
+        self.seen = " ".join(re.findall(r"Saw (.*?)\.", text))   # "Saw a red box in the garden; ..."
+        self.unexplored = [r for block in re.findall(r"Never entered (.*?):", text) for r in block.split(", ")]
+        self.goal, self.visited = None, set()
 
     def __call__(self, obs: str, rng: random.Random) -> str:
         goal = re.search(r"Your task is to (turn on|open|water) the (.+?)\.", obs)
@@ -106,12 +110,10 @@ class RoomsTipFollower:
             self.visited.add(here.group(1))
         if self.goal and here and self.goal[1] in here.group(2):
             return f"{self.goal[0]} {self.goal[1]}"
-        known = re.findall(r"Done in the (\w+)", self.tips)
-        if self.goal:   # "Saw a red box in the garden; ..." (not "Tried open red box in the hallway")
-            seen = " ".join(re.findall(r"Saw (.*?)\.", self.tips))
-            known += re.findall(r"(?:^|; )" + re.escape(self.goal[1]) + r" in the (\w+)", seen)
-        unexplored = [r for block in re.findall(r"Never entered (.*?):", self.tips) for r in block.split(", ")]
-        for room in known + [r for r in unexplored if r not in self.visited]:
+        known = list(self.done_in)
+        if self.goal:   # where a tip saw the goal's object (not "Tried open red box in the hallway")
+            known += re.findall(r"(?:^|; )" + re.escape(self.goal[1]) + r" in the (\w+)", self.seen)
+        for room in known + [r for r in self.unexplored if r not in self.visited]:
             if f"go to {room}" in valid:
                 return f"go to {room}"
             if "go to hallway" in valid and (not here or here.group(1) != room):

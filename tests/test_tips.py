@@ -123,7 +123,8 @@ def test_memory_demonstrations_show_the_tip_once_and_follow_it(tiny_policy):
     from empo2 import MEMORY, TIP_HEADER
     cfg = Config(env="rooms", warm_start_episodes=12, warm_start_tips=True)
     firsts = warm_start.demonstrations(tiny_policy, cfg)
-    seconds = warm_start.memory_demonstrations(tiny_policy, firsts, cfg)
+    tips = [warm_start.tip_demonstration(tiny_policy, tr, cfg).tip for tr in firsts]
+    seconds = warm_start.memory_demonstrations(tiny_policy, firsts, tips, cfg)
     for first, second in zip(firsts, seconds):
         assert second.task == first.task and second.rollout_mode == MEMORY
         tips = [seg for kind, seg in second.segments if kind == "tip"]
