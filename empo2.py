@@ -16,6 +16,7 @@ never by searching token patterns after re-tokenisation.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import inspect
 import math
@@ -386,7 +387,7 @@ def step_prompt(policy, tr: "Trajectory", tip_ids: list[int], budget: int) -> li
 
 # ----------------------------------------------------------------------------------------
 def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=None, embedder=None,
-            temperature: float = 1.0, desc: str = "rollout") -> list[Trajectory]:
+            temperature: float = 1.0, desc: str = "rollout", sampler=None) -> list[Trajectory]:
     """Steps 1-2: run len(tasks) episodes in lockstep, one batched sampling call per environment step.
 
     Episode i plays tasks[i] in env_pool[i] with modes[i] = (rollout_mode, update_mode) and belongs to
@@ -395,19 +396,22 @@ def rollout(policy, env_pool, tasks, modes, cfg: Config, groups=None, memory=Non
     episode. An episode ends, truncated, when its conversation without the tips would outgrow
     cfg.max_prompt_tokens, so memory and plain episodes get the same room to act.
     Each trajectory records the states it visited (tr.states) for intrinsic_rewards (step 4).
+    sampler: a policy.sampling() context to sample in (default: its own); pass the one reflect will use
+    so the tips are written from the rollout's KV cache.
     """
     if memory is not None and embedder is None and any(m[0] == MEMORY for m in modes):
         raise ValueError("memory rollouts need an embedder")
     groups = list(range(len(tasks))) if groups is None else list(groups)
     trajs, obs = start_episodes(policy, env_pool, tasks, modes, groups, cfg)
     limit = (cfg.max_steps or env_pool[0].max_steps) if env_pool else 0
-    with policy.sampling() as sampler:  # one KV cache for the whole rollout: each step encodes only what is new
+    # one KV cache for the whole rollout: each step encodes only what is new
+    with policy.sampling() if sampler is None else contextlib.nullcontext(sampler) as sampler:
         for _step in tqdm(range(limit), desc=desc, leave=False, disable=not trajs):
             live = prepare_step(policy, trajs, obs, memory, embedder, cfg)
             if not live:
                 break
-            actions = sampler.generate([trajs[i].tokens()[0] for i in live], live, cfg.max_new_tokens, temperature,
-                                       stop_at_newline=True)  # an action is one line
+            actions = sampler.generate([trajs[i].tokens()[0] for i in live], [id(trajs[i]) for i in live],
+                                       cfg.max_new_tokens, temperature, stop_at_newline=True)  # an action is one line
             for i, act_ids in zip(live, actions):
                 obs[i] = take_action(policy, env_pool[i], trajs[i], act_ids)
     for tr, last in zip(trajs, obs):
@@ -490,13 +494,14 @@ def intrinsic_rewards(trajs: list["Trajectory"], novelty, embedder, coef: float)
             trajs[i].intrinsic.append(coef / n_similar)
 
 
-def reflect(policy, trajs: list[Trajectory], cfg: Config) -> list[str]:
+def reflect(policy, trajs: list[Trajectory], cfg: Config, sampler=None) -> list[str]:
     """docs/algorithm.md, step 3: the policy reads its own episode (without tips) and writes a one-sentence
-    tip. Batched over episodes."""
+    tip. Batched over episodes. sampler: the rollout's (policy.sampling(keep_finished=True)), so each
+    episode continues from its KV cache instead of being encoded again (the same tips: tests/test_policy.py)."""
     prompts = [reflection_prompt(policy, tr, cfg) for tr in trajs]
     tips = []
-    with policy.sampling() as sampler:
-        outs = sampler.generate(prompts, list(range(len(prompts))), cfg.tip_max_new_tokens, cfg.temperature)
+    with policy.sampling() if sampler is None else contextlib.nullcontext(sampler) as sampler:
+        outs = sampler.generate(prompts, [id(tr) for tr in trajs], cfg.tip_max_new_tokens, cfg.temperature)
     for out in outs:
         text = " ".join(policy.decode(out).split())
         tips.append(text or "(empty tip)")

@@ -176,9 +176,11 @@ def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, 
         else:
             for start in range(0, len(tasks), len(pool)):
                 chunk = tasks[start:start + len(pool)]
-                trajs = rollout(policy, pool, chunk, [(MEMORY, NO_UPDATE)] * len(chunk), cfg, memory=memory,
-                                embedder=embedder, temperature=cfg.eval_temperature, desc=f"adapt trial {trial}")
-                reflect(policy, trajs, cfg)         # docs/algorithm.md, step 3: the policy writes itself a tip ...
+                with policy.sampling(keep_finished=True) as sampler:   # the tips continue the episodes' KV cache
+                    trajs = rollout(policy, pool, chunk, [(MEMORY, NO_UPDATE)] * len(chunk), cfg, memory=memory,
+                                    embedder=embedder, temperature=cfg.eval_temperature, desc=f"adapt trial {trial}",
+                                    sampler=sampler)
+                    reflect(policy, trajs, cfg, sampler)   # docs/algorithm.md, step 3: the policy writes itself a tip ...
                 store_tips(memory, embedder, trajs)  # ... kept for the next trial; no weight update
                 records += [{**episode_record(tr), "trial": trial, "tips_seen": tr.has_tips, "tip": tr.tip} for tr in trajs]
         now = episode_stats([r for r in records if r["trial"] == trial])

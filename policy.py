@@ -130,18 +130,19 @@ class Policy:
                     p.copy_(saved[n])
 
     @contextmanager
-    def sampling(self):
+    def sampling(self, keep_finished: bool = False):
         """The one way this project samples: a CachedSampler sampler (one KV cache across calls) with the LoRA
-        update folded into the weights for as long as the context lasts.
+        update folded into the weights for as long as the context lasts. keep_finished: finished episodes'
+        caches stay, so a later call continues them (reflection after a rollout).
 
             with policy.sampling() as sampler:
                 actions = sampler.generate(prompts, episode_ids, max_new_tokens, temperature)
         """
         if Decoder.supports(self.model):   # Decoder adds the LoRA update to its own copy of the weights
-            yield CachedSampler(self)
+            yield CachedSampler(self, keep_finished=keep_finished)
         else:
             with self.merged_lora():
-                yield CachedSampler(self)
+                yield CachedSampler(self, keep_finished=keep_finished)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
                  stop_at_newline: bool = False) -> list[list[int]]:

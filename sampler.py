@@ -3,7 +3,8 @@ calls it through Policy.sampling() and Policy.score(prefix=...), and each trick 
 beside it that the tests compare it with.
 
 - CachedSampler: sampling for a batch of episodes whose prompts only grow, with one KV cache kept
-  across environment steps (plain path: HFDecoder, the model's own forward pass).
+  across environment steps (plain path: HFDecoder, the model's own forward pass); with keep_finished,
+  reflection continues each finished episode's cache (plain path: a new sampler encodes it again).
 - Decoder: the forward pass of Llama-family models written out (a cache written in place, prepared
   matmuls, the LoRA update folded into its own copy of the weights).
 - sample_tokens: inverse-CDF sampling, exact like torch.multinomial and faster on CPU.
@@ -264,6 +265,30 @@ class Decoder:
         self.keys, self.values = self.keys[:, rows], self.values[:, rows]
         self.valid, self.next_position = self.valid[rows], self.next_position[rows]
 
+    def save_rows(self, rows) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A copy of each row's own keys and values (after the shared prefix), holes left out, in token
+        order: (layers, kv heads, n, head dim) each. Exact: a key carries its position (rotated in), not its slot."""
+        saved = []
+        for r in rows:
+            keep = self.valid[r, :self.length].nonzero().squeeze(-1)
+            saved.append((self.keys[:, r][:, :, keep], self.values[:, r][:, :, keep]))
+        return saved
+
+    def load_rows(self, saved: list[tuple[torch.Tensor, torch.Tensor] | None], capacity: int) -> None:
+        """A new batch after the same shared prefix: row i starts from saved[i] (save_rows' keys and values,
+        or a leading part of them; None: nothing after the prefix)."""
+        prefix = self.prefix
+        start = 0 if prefix is None else prefix[0].shape[3]
+        lengths = [0 if s is None else s[0].shape[2] for s in saved]
+        self.reset(len(saved), capacity=max(capacity, max(lengths) + 1))
+        self.prefix = prefix
+        for i, (s, n) in enumerate(zip(saved, lengths)):
+            if n:
+                self.keys[:, i, :, :n], self.values[:, i, :, :n] = s
+                self.valid[i, :n] = True
+        self.next_position = torch.tensor(lengths, device=self.device) + start
+        self.length = max(lengths)
+
     def _reserve(self, slots: int) -> None:
         """Room for `slots` more columns; grows by half again (amortised: a copy now and then, not per step)."""
         capacity = self.valid.shape[1]
@@ -362,16 +387,28 @@ class CachedSampler:
     the cache (a finished episode); cached_ids[row] are the tokens whose keys and values the cache holds.
     Padding of unequal rows leaves masked holes in the cache, never in the rows' token ids, which are
     exactly the ones sampled. Used through Policy.sampling().
+
+    keep_finished: a finished episode's cache is kept aside instead of dropped, so a later call can
+    continue it (reflection writes a tip after the episode without re-encoding it). A call whose
+    prompts do not all extend their rows resumes each row from the cached tokens its prompt starts with
+    (a row of the batch, a finished episode, or the shared prefix alone): e.g. an episode re-read
+    without its tips keeps its cache up to the first tip. The plain path beside it: a new sampler, which
+    encodes every prompt from its first token.
     """
 
     # Decode only the rows still sampling once at most this share of the batch is: gathering their keys
     # and values costs about what attending over them does, so it pays below one half
     GATHER_BELOW = 0.5
+    # _feed_down_to_common: rounds of at least this many tokens (fewer rounds, each with fewer holes than this)
+    FEED_STEP = 64
 
-    def __init__(self, policy: "Policy", decoder=None):
+    def __init__(self, policy: "Policy", decoder=None, keep_finished: bool = False):
         self.policy, self.episode_ids, self.cached_ids, self.started = policy, [], [], False
         self.decoder = decoder if decoder is not None else (
             Decoder(policy.model) if Decoder.supports(policy.model) else HFDecoder(policy.model, policy.tokenizer.pad_token_id))
+        self.keep_finished = keep_finished and hasattr(self.decoder, "save_rows")
+        self.finished = {}       # episode id -> (its saved keys and values, the ids they hold): keep_finished only
+        self.prefix_ids = []     # the tokens of the decoder's shared prefix (none when rows hold their own copy)
 
     def _start(self, prompts: list[list[int]], episode_ids: list, room: int):
         shared = min(len(p) for p in prompts) - 1  # every row keeps >= 1 token of its own to feed
@@ -385,6 +422,52 @@ class CachedSampler:
             ids = torch.tensor([prompts[0][:shared]], device=self.policy.device)
             self.decoder.forward(ids, torch.ones_like(ids, dtype=torch.bool))
         self.decoder.repeat(len(prompts))
+        self.prefix_ids = prompts[0][:shared] if getattr(self.decoder, "prefix", None) is not None else []
+        self.finished = {}
+
+    def _resume(self, prompts: list[list[int]], episode_ids: list, room: int) -> bool:
+        """Continue each prompt from the longest run of cached tokens it starts with (its row, its finished
+        episode, or only the shared prefix); False, nothing changed, if a prompt lacks the shared prefix.
+        Rows with more new tokens than the others are fed their extra part first (_feed_down_to_common)."""
+        P = len(self.prefix_ids)
+        if not self.keep_finished or any(len(p) <= P or p[:P] != self.prefix_ids for p in prompts):
+            return False
+        held = dict(zip(self.episode_ids, zip(self.decoder.save_rows(range(len(self.episode_ids))), self.cached_ids)))
+        held.update(self.finished)
+        saved, cached = [], []
+        for p, e in zip(prompts, episode_ids):
+            kv, ids = held.get(e, (None, self.prefix_ids))
+            n = next((k for k, (a, b) in enumerate(zip(ids, p[:-1])) if a != b), min(len(ids), len(p) - 1))
+            n = n if kv is not None and n > P else P     # every row keeps >= 1 token of its own to feed
+            saved.append(None if n == P else (kv[0][:, :, :n - P], kv[1][:, :, :n - P]))
+            cached.append(p[:n])
+            self.finished.pop(e, None)
+        self.finished.update({e: held[e] for e in self.episode_ids if e not in episode_ids})  # rows this call leaves out
+        self.decoder.load_rows(saved, capacity=max(map(len, prompts)) - P + room)
+        self.episode_ids, self.cached_ids = list(episode_ids), cached
+        self._feed_down_to_common(prompts)
+        return True
+
+    def _feed_down_to_common(self, prompts: list[list[int]]) -> None:
+        """Feed rows that have more new tokens than the others until all have the same number left, so the
+        call's common block has no holes (one 900-token prompt among short ones would otherwise make every
+        row compute 900 columns). Each round takes the rows with the most left down to the next level at
+        least FEED_STEP tokens lower: a row pads fewer than FEED_STEP holes per round."""
+        pad, device, step = self.policy.tokenizer.pad_token_id, self.policy.device, self.FEED_STEP
+        while True:
+            left = [len(p) - len(c) for p, c in zip(prompts, self.cached_ids)]
+            if max(left) == min(left):
+                return
+            level = max([n for n in left if n <= max(left) - step] or [min(left)])
+            rows = [i for i, n in enumerate(left) if n > level]
+            width = max(left) - level
+            block = torch.full((len(rows), width), pad, dtype=torch.long)
+            block_valid = torch.zeros((len(rows), width), dtype=torch.bool)
+            for k, i in enumerate(rows):   # left-aligned holes, as generate's
+                part = prompts[i][len(self.cached_ids[i]):len(prompts[i]) - level]
+                block[k, width - len(part):], block_valid[k, width - len(part):] = torch.tensor(part), True
+                self.cached_ids[i] = prompts[i][:len(prompts[i]) - level]
+            self.decoder.forward(block.to(device), block_valid.to(device), torch.tensor(rows, device=device))
 
     def stop_tables(self, vocab: int, stop_at_newline: bool) -> tuple[torch.Tensor, ...]:
         """Bool tensors (vocab,): stop tokens, and the token kinds of Policy.token_kinds (all False
@@ -411,9 +494,14 @@ class CachedSampler:
         rows = [self.episode_ids.index(k) if k in self.episode_ids else -1 for k in episode_ids]
         if not self.started or -1 in rows or any(
                 len(self.cached_ids[r]) >= len(p) or p[:len(self.cached_ids[r])] != self.cached_ids[r] for r, p in zip(rows, prompts)):
-            self._start(prompts, episode_ids, room=max_new_tokens)
+            if not (self.started and self._resume(prompts, episode_ids, room=max_new_tokens)):
+                self._start(prompts, episode_ids, room=max_new_tokens)
             rows = list(range(len(prompts)))
         if rows != list(range(len(self.episode_ids))):  # finished episodes leave the batch
+            if self.keep_finished:
+                gone = [r for r in range(len(self.episode_ids)) if r not in rows]
+                for r, kv in zip(gone, self.decoder.save_rows(gone)):
+                    self.finished[self.episode_ids[r]] = (kv, self.cached_ids[r])
             self.decoder.select(torch.tensor(rows, device=device))
             self.cached_ids, self.episode_ids = [self.cached_ids[r] for r in rows], list(episode_ids)
         new = [p[len(f):] for p, f in zip(prompts, self.cached_ids)]

@@ -237,14 +237,16 @@ def main(argv=None) -> int:
             batch = [train_tasks[k] for k in rng.choice(len(train_tasks), cfg.tasks_per_iter, replace=False)]
             modes = sample_modes(rng, cfg.tasks_per_iter, cfg.p, cfg.q)
             groups = [g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
-            trajs = rollout(policy, pool, [batch[g] for g in groups], [modes[g] for g in groups], cfg, groups=groups,
-                            memory=memory, embedder=embedder, temperature=cfg.temperature, desc=f"iter {it} rollout")
-            t_rollout = time.time() - t0
-            # step 3: every episode that acted writes a tip (skipped when no rollout can read one, p = 0)
-            acted, stored = [tr for tr in trajs if tr.rewards], 0
-            if cfg.p > 0 and acted:
-                reflect(policy, acted, cfg)
-                stored = store_tips(memory, embedder, acted)
+            with policy.sampling(keep_finished=cfg.p > 0) as sampler:  # reflection continues the rollout's KV cache
+                trajs = rollout(policy, pool, [batch[g] for g in groups], [modes[g] for g in groups], cfg, groups=groups,
+                                memory=memory, embedder=embedder, temperature=cfg.temperature, desc=f"iter {it} rollout",
+                                sampler=sampler)
+                t_rollout = time.time() - t0
+                # step 3: every episode that acted writes a tip (skipped when no rollout can read one, p = 0)
+                acted, stored = [tr for tr in trajs if tr.rewards], 0
+                if cfg.p > 0 and acted:
+                    reflect(policy, acted, cfg, sampler)
+                    stored = store_tips(memory, embedder, acted)
             t_reflect = time.time() - t0 - t_rollout
             # step 4: intrinsic reward r_int = c / n for the states each episode visited
             if cfg.intrinsic_coef > 0:

@@ -196,6 +196,41 @@ class HashEmbedder:
         return np.array(out, dtype=np.float32)
 
 
+@pytest.mark.parametrize("max_prompt_tokens", [2048, 360])
+def test_tips_written_from_the_rollouts_cache_are_those_of_encoding_each_episode_again(max_prompt_tokens, tiny_policy,
+                                                                                      monkeypatch):
+    """Step 3 continues the rollout's KV cache (train.py: policy.sampling(keep_finished=True)) and must give
+    exactly the tips that encoding every reflection prompt from its first token gives with the same
+    random draws: plain episodes, memory episodes (re-read without their tips) and, at 360 tokens,
+    episodes cut short that left the batch early and whose reflection prompt keeps only its head."""
+    from empo2 import reflection_prompt
+    from tests.test_policy import randomise_lora
+    randomise_lora(tiny_policy, seed=3)
+
+    class Fixed:
+        def retrieve(self, task_id, key):
+            return ["look in the attic first", "the hallway leads everywhere"]
+    cfg = Config(env="rooms", max_steps=4, max_new_tokens=40, tip_max_new_tokens=8, max_prompt_tokens=max_prompt_tokens,
+                 demo="off")
+    tasks, pool = rooms_batch(6)
+    modes = [("plain", "on-policy"), ("memory", "off-policy")] * 3
+    with tiny_policy.sampling(keep_finished=True) as sampler:
+        torch.manual_seed(0)
+        trajs = rollout(tiny_policy, pool, tasks, modes, cfg, memory=Fixed(), embedder=HashEmbedder(),
+                        temperature=1.0, sampler=sampler)
+        assert sum(tr.has_tips for tr in trajs) == 3
+        whole = [reflection_prompt(tiny_policy, tr, cfg)[:len(tr.tokens(False)[0])] == tr.tokens(False)[0] for tr in trajs]
+        if max_prompt_tokens == 360:   # some cut short, some not: rows left the batch at different steps
+            assert 0 < sum(tr.truncated for tr in trajs) < len(trajs) and not any(whole)
+        else:
+            assert all(whole)
+        monkeypatch.setattr(sampler, "_start", lambda *a, **k: pytest.fail("reflection encoded everything again"))
+        state = torch.get_rng_state()
+        from_cache = reflect(tiny_policy, trajs, cfg, sampler)
+    torch.set_rng_state(state)
+    assert reflect(tiny_policy, trajs, cfg) == from_cache
+
+
 def test_wandering_never_out_earns_a_purchase_at_the_default_coefficient():
     """r_int is averaged over an episode's states: a 15-step episode through 16 novel states that buys
     nothing must return less than a 3-step purchase at reward 0.5 whose states were all seen before."""

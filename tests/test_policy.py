@@ -286,3 +286,49 @@ def test_every_eos_id_of_the_generation_config_stops_sampling(tiny_model_dir):
         first_stop = next(k for k, t in enumerate(f) if t in policy.stop_ids)
         assert first_stop <= end and row == f[:first_stop + 1]   # each eos id ends its row where it first appears
     assert all(row[-1] in model.generation_config.eos_token_id for row in cut)   # stopped by the config's ids
+
+
+@pytest.mark.parametrize("feed_step", [64, 2])
+@pytest.mark.parametrize("shared", [False, True])
+def test_finished_episodes_continue_from_their_cache_with_the_draws_of_a_plain_forward(shared, feed_step, tiny_policy,
+                                                                                     monkeypatch):
+    """keep_finished: a later call continues episodes that left the batch (kept aside), a row still in it,
+    a row whose prompt keeps only the start of its cache (a middle part removed, as reflection removes
+    tips) and a new episode; each samples exactly what a plain uncached forward samples with the same
+    draws, and nothing is encoded again from the start."""
+    randomise_lora(tiny_policy, seed=10)
+    tiny_policy.model.eval()
+    tiny_policy.stop_ids = []
+    enc = tiny_policy.encode
+    head = enc(SHARED) if shared else []
+    tip = enc(" <tip> the key is in the attic </tip>")
+    prompts = [head + enc(t) for t in ("Go", "A long hallway with three doors.", "Kitchen sink", "North")]
+    before_tip = prompts[1]
+    prompts[1] = before_tip + tip + enc(" Open")
+    sampler = CachedSampler(tiny_policy, keep_finished=True)
+    sampler.FEED_STEP = feed_step      # 2: unequal prompts are fed in several rounds before the common block
+    starts = []
+    original = sampler._start
+    monkeypatch.setattr(sampler, "_start", lambda *a, **k: (starts.append(1), original(*a, **k))[1])
+    with torch.no_grad():
+        torch.manual_seed(11)
+        first = sampler.generate(prompts, [0, 1, 2, 3], 5, temperature=1.0)
+        grown = {k: prompts[k] + first[k] + enc(" It is dark.") for k in (0, 2)}
+        second = sampler.generate([grown[0], grown[2]], [0, 2], 4, temperature=1.0)   # 1 and 3 finished
+        assert sorted(sampler.finished) == [1, 3]
+        ask = enc(" Write a tip.")
+        later = [prompts[3] + first[3] + ask,                                   # finished, continued
+                 before_tip + enc(" Open") + first[1] + ask,                     # the tip removed
+                 grown[0] + second[0] + ask,                                    # still in the batch
+                 head + enc("A new episode")]                                  # never seen
+        fed, forward = [], sampler.decoder.forward
+        monkeypatch.setattr(sampler.decoder, "forward", lambda block, valid, rows=None: (fed.append(int(valid.sum())),
+                                                                                         forward(block, valid, rows))[1])
+        torch.manual_seed(12)
+        third = sampler.generate(later, [3, 1, 0, 9], 6, temperature=1.0)
+    assert len(starts) == 1                                                     # the first call only
+    assert third == sample_without_cache(tiny_policy, later, 6, 1.0, seed=12)
+    assert list(sampler.finished) == [2]                                        # episode 2 left; 1 and 3 were continued
+    # only what each row's cache lacks was encoded, then 5 sampled tokens per row fed back
+    reused = [len(prompts[3]) + len(first[3]) - 1, len(before_tip), len(grown[0]) + len(second[0]) - 1, len(head)]
+    assert sum(fed) == sum(len(p) - n for p, n in zip(later, reused)) + 4 * 5
