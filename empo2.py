@@ -49,7 +49,7 @@ REFLECTION_PROMPT = ("The episode is over. Final observation: {final}\nFinal sco
 class Config:
     """Every setting of a run. Defaults follow the reference recipe (docs/algorithm.md) unless the help says why not."""
     env: str = "webshop-mini"
-    """environment: rooms, webshop-mini or scienceworld"""
+    """environment: rooms, webshop-mini, scienceworld or rooms-far (rooms with the goal three doors away)"""
     algo: str = "empo2"
     """empo2, or grpo: the same code with p = 0 and intrinsic_coef = 0 (it overrides --p and
     --intrinsic-coef)"""

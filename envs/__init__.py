@@ -24,9 +24,10 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-ENV_NAMES = ("rooms", "webshop-mini", "scienceworld")
-WITH_DEMONSTRATOR = ("rooms", "webshop-mini")   # envs whose module defines demonstrator() (warm_start.py)
-_MODULES = {"rooms": "envs.rooms", "webshop-mini": "envs.webshop_mini", "scienceworld": "envs.scienceworld"}
+ENV_NAMES = ("rooms", "webshop-mini", "scienceworld", "rooms-far")
+WITH_DEMONSTRATOR = ("rooms", "webshop-mini", "rooms-far")   # envs whose module defines demonstrator() (warm_start.py)
+_MODULES = {"rooms": "envs.rooms", "webshop-mini": "envs.webshop_mini", "scienceworld": "envs.scienceworld",
+            "rooms-far": "envs.rooms_far"}
 
 
 @dataclass(frozen=True)

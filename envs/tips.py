@@ -83,7 +83,21 @@ def webshop_tip(transcript: list[dict], final_obs: str, score: float) -> str:
     return " ".join(parts)
 
 
-WRITERS = {"rooms": rooms_tip, "webshop-mini": webshop_tip}
+def rooms_far_tip(transcript: list[dict], final_obs: str, score: float) -> str:
+    """rooms_tip, plus which room lies behind which: in rooms-far a back room opens only from its side
+    room, and the doors of every room the episode entered say which ("the cellar is behind the garden")."""
+    behind = {}
+    for obs in [s["observation"] for s in transcript] + [final_obs]:
+        for room, _, exits in ROOM_RE.findall(obs):
+            if room != "hallway" and "hallway" in exits.split(", "):   # a side room: its other door is its back room
+                behind.update({door: room for door in exits.split(", ") if door != "hallway"})
+            elif room != "hallway":                                    # a back room: its only door is its side room
+                behind.update({room: door for door in exits.split(", ")})
+    tip = rooms_tip(transcript, final_obs, score)
+    return tip + "".join(f" The {back} is behind the {side}." for back, side in behind.items())
+
+
+WRITERS = {"rooms": rooms_tip, "webshop-mini": webshop_tip, "rooms-far": rooms_far_tip}
 
 
 # ----------------------------------------------------------------------------------------
@@ -113,12 +127,60 @@ class RoomsTipFollower:
         known = list(self.done_in)
         if self.goal:   # where a tip saw the goal's object (not "Tried open red box in the hallway")
             known += re.findall(r"(?:^|; )" + re.escape(self.goal[1]) + r" in the (\w+)", self.seen)
-        for room in known + [r for r in self.unexplored if r not in self.visited]:
-            if f"go to {room}" in valid:
-                return f"go to {room}"
-            if "go to hallway" in valid and (not here or here.group(1) != room):
-                return "go to hallway"
+        room_here = here.group(1) if here else None
+        for room in known:
+            step = self.toward(room, room_here, valid)
+            if step:
+                return step
+        step = self.unexplored_door(room_here, valid)
+        if step:
+            return step
+        for room in [r for r in self.unexplored if r not in self.visited]:
+            step = self.toward(room, room_here, valid)
+            if step:
+                return step
         return rng.choice(valid or ["look around"])
+
+    def unexplored_door(self, here: str | None, valid: list[str]) -> str | None:
+        """A door of this room worth opening before following the tips' unexplored rooms (none in rooms)."""
+        return None
+
+    def toward(self, room: str, here: str | None, valid: list[str]) -> str | None:
+        """The move toward `room` (every room is one door off the hallway); None if there is none."""
+        if f"go to {room}" in valid:
+            return f"go to {room}"
+        if "go to hallway" in valid and here != room:
+            return "go to hallway"
+        return None
+
+
+class RoomsFarTipFollower(RoomsTipFollower):
+    """RoomsTipFollower for rooms-far: a back room is reached through the side room a tip says it is
+    behind; from another back room, back out through its only door; in a side room, the back room
+    behind it is entered if this episode has not been there yet."""
+
+    def __init__(self, tips: list[str]):
+        super().__init__(tips)
+        self.front = dict(re.findall(r"The (\w+) is behind the (\w+)\.", " ".join(tips)))
+
+    def toward(self, room: str, here: str | None, valid: list[str]) -> str | None:
+        front = self.front.get(room)
+        if f"go to {room}" in valid:
+            return f"go to {room}"
+        if front and f"go to {front}" in valid:
+            return f"go to {front}"
+        moves = [a for a in valid if a.startswith("go to ")]
+        if "go to hallway" in valid and here not in (room, front):
+            return "go to hallway"
+        if len(moves) == 1:   # a back room that is not the one sought: out through its only door
+            return moves[0]
+        return None
+
+    def unexplored_door(self, here: str | None, valid: list[str]) -> str | None:
+        if "go to hallway" not in valid:
+            return None
+        doors = [a for a in valid if a.startswith("go to ") and a != "go to hallway" and a[6:] not in self.visited]
+        return doors[0] if here and here != "hallway" and doors else None
 
 
 class WebshopTipFollower:
@@ -138,7 +200,7 @@ class WebshopTipFollower:
         return action
 
 
-FOLLOWERS = {"rooms": RoomsTipFollower, "webshop-mini": WebshopTipFollower}
+FOLLOWERS = {"rooms": RoomsTipFollower, "webshop-mini": WebshopTipFollower, "rooms-far": RoomsFarTipFollower}
 
 
 def scripted_tip(env: str, transcript: list[dict], final_obs: str, score: float) -> str:

@@ -139,10 +139,11 @@ def test_corrupt_checkpoint_is_named_and_the_run_refuses_to_resume(tmp_path, tin
     assert [r["iteration"] for r in read_metrics(tmp_path / "r")] == [0]  # nothing lost
 
 
-def test_a_small_task_pool_repeats_tasks_so_tips_are_retrieved(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("env", ["rooms", "rooms-far"])
+def test_a_small_task_pool_repeats_tasks_so_tips_are_retrieved(env, tmp_path, tiny_model_dir):
     # every group in memory mode; iteration 1 draws the same 2 tasks again, whose first observations key the tips
     assert train.main(tiny_args(tiny_model_dir, tmp_path, "pool", 2, "--train-tasks", "2", "--p", "1",
-                                "--eval-episodes", "0")) == 0
+                                "--eval-episodes", "0", "--env", env)) == 0
     metrics = read_metrics(tmp_path / "pool")
     assert [m["memory/episodes_with_tips"] for m in metrics] == [0, 4]
     # a memory group whose episodes saw no tip is trained on-policy, and counted so
