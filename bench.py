@@ -9,12 +9,15 @@ decode_vs_plain_32_rows            decode tokens/s of the project's sampler (sam
                                    at 1, 8, 32 and 64 rows are printed as decode_tok_s_{sampler,plain}_{rows}
 decode_vs_plain_32_rows_distinct   the same with 32 different prompts, nothing shared (the sampler then
                                    cannot hold the prompt once for all rows)
+sampling_blocked_vs_running_sum    ms of sample_tokens_reference over sample_tokens, 32 rows x 49,152 logits
 decode_matmul_cap_tok_s_{rows}     one decode step's matrix products alone, as tokens/s: about the
                                    ceiling of any decoder on this machine in this dtype
 prefill_vs_plain                   tokens/s of the sampler's prefill (8 distinct 300-token prompts) vs a
                                    plain forward over the same batch
 scoring_tok_s                      trained tokens/s of Policy.score, forward + backward, one ~1,100-token
                                    trajectory (the update's unit of work)
+scoring_matmul_cap_tok_s           the same forward + backward's matrix products alone, as tokens/s; and
+                                   scoring_share_of_cap, scoring_tok_s over it
 iteration_*                        one default training iteration (python train.py --env webshop-mini,
                                    warm start when cached) in seconds: rollout, reflection, update; and
                                    iteration_empo2_over_grpo, its time over the same seed's GRPO iteration
@@ -212,6 +215,34 @@ def bench_decode(policy, rows=(1, 8, 32, 64), context: int = 300, steps: int = 1
     return result
 
 
+def bench_sampling(rows: int = 32, vocab: int = 49152, repeats: int = 50) -> dict:
+    """ms per call of sampler.sample_tokens (the draw located in block sums, then in its block) and of
+    sample_tokens_reference (one float64 running sum over the vocabulary) on the same logits, once per
+    decode step of `rows` rows."""
+    from sampler import sample_tokens, sample_tokens_reference
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3
+    result = {}
+    for name, f in (("blocked", sample_tokens), ("reference", sample_tokens_reference)):
+        f(logits, 1.0)
+        t = time.perf_counter()
+        for _ in range(repeats):
+            f(logits, 1.0)
+        result[f"sample_tokens_ms_{name}_{rows}"] = 1000 * (time.perf_counter() - t) / repeats
+    result["sampling_blocked_vs_running_sum"] = result[f"sample_tokens_ms_reference_{rows}"] / result[f"sample_tokens_ms_blocked_{rows}"]
+    return result
+
+
+def best_time(step, repeats: int) -> float:
+    """Seconds of the fastest of `repeats` calls of step, after one warm-up call."""
+    step()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def bench_matmul_cap(policy, rows=(1, 8, 32, 64), repeats: int = 5) -> dict:
     """The most decode tokens/s this machine allows: one decode step's matrix products alone (every
     Linear of the model at its own shape, the LM head included, in the model's dtype), no attention, no
@@ -227,13 +258,7 @@ def bench_matmul_cap(policy, rows=(1, 8, 32, 64), repeats: int = 5) -> dict:
             def step():
                 for w in weights:
                     torch.nn.functional.linear(inputs[w.shape[1]], w)
-            step()
-            best = float("inf")
-            for _ in range(repeats):
-                t = time.perf_counter()
-                step()
-                best = min(best, time.perf_counter() - t)
-            result[f"decode_matmul_cap_tok_s_{n}"] = n / best
+            result[f"decode_matmul_cap_tok_s_{n}"] = n / best_time(step, repeats)
     return result
 
 
@@ -274,6 +299,26 @@ def bench_score(policy, length: int = 1100, actions: int = 5, repeats: int = 2) 
         best = min(best, time.perf_counter() - t)
     policy.model.zero_grad(set_to_none=True)
     return {"scoring_tok_s": length / best}
+
+
+def bench_score_cap(policy, length: int = 1100, action_tokens: int = 60, repeats: int = 3) -> dict:
+    """The most scoring tokens/s this machine allows: the matrix products of bench_score's forward and
+    backward alone, at their own shapes in the model's dtype. Forward: every base Linear over all
+    `length` tokens, the LM head over the action positions only (score keeps only those logits).
+    Backward: each product again for the gradient of its input (the base weights are frozen, so no weight
+    gradient; LoRA's rank-r products are left out). No attention, no element-wise work."""
+    weights = [(name, m.weight.detach()) for name, m in policy.model.named_modules()
+               if isinstance(m, torch.nn.Linear) and "lora_" not in name]
+    shapes = [(action_tokens if name.endswith("lm_head") else length, w) for name, w in weights]
+    with torch.no_grad():
+        inputs = {(n, w.shape[1]): torch.randn(n, w.shape[1], dtype=w.dtype, device=w.device) for n, w in shapes}
+        grads = {(n, w.shape[0]): torch.randn(n, w.shape[0], dtype=w.dtype, device=w.device) for n, w in shapes}
+
+        def step():
+            for n, w in shapes:
+                torch.nn.functional.linear(inputs[n, w.shape[1]], w)    # forward, (n, out)
+                torch.matmul(grads[n, w.shape[0]], w)                   # gradient of the input, (n, in)
+        return {"scoring_matmul_cap_tok_s": length / best_time(step, repeats)}
 
 
 def bench_iteration(policy, env: str = "webshop-mini") -> dict:
@@ -317,15 +362,18 @@ def main():
     result.update(bench_env_steps())
     result.update(bench_retrieval())
     result.update(bench_scoring(policy))
+    result.update(bench_sampling())
     result.update(bench_decode(policy))
     result.update(bench_matmul_cap(policy))
     result.update(bench_prefill(policy))
     result.update(bench_score(policy))
+    result.update(bench_score_cap(policy))
+    result["scoring_share_of_cap"] = result["scoring_tok_s"] / result["scoring_matmul_cap_tok_s"]
     result.update(bench_rollout(policy, args.steps, args.new_tokens))
     if not args.no_iteration:
         result.update(bench_iteration(policy))
     ratios = ("decode_vs_plain_32_rows", "decode_vs_plain_32_rows_distinct", "prefill_vs_plain", "rollout_batched_vs_sequential",
-              "scoring_single_pass_vs_per_turn", "retrieval_vectorized_vs_loop")
+              "scoring_single_pass_vs_per_turn", "retrieval_vectorized_vs_loop", "sampling_blocked_vs_running_sum")
     print(json.dumps({**{k: round(result[k], 2) for k in ratios},
                       **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items() if k not in ratios}},
                      indent=1))

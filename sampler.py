@@ -81,7 +81,8 @@ def scoring(policy: "Policy", sequences: list[tuple[list[int], list[bool]]], tem
     prefix.backward()
 
 
-def sample_tokens(logits: torch.Tensor, temperature: float, uniforms: torch.Tensor | None = None) -> torch.Tensor:
+def sample_tokens(logits: torch.Tensor, temperature: float, uniforms: torch.Tensor | None = None,
+                  block: int = 256) -> torch.Tensor:
     """One token per row of logits (B, V), drawn from softmax(logits / temperature) itself (no top-k or
     top-p truncation); temperature 0 is greedy. uniforms (B, 1) float64 in [0, 1): the draws to use
     (default: fresh ones).
@@ -89,16 +90,46 @@ def sample_tokens(logits: torch.Tensor, temperature: float, uniforms: torch.Tens
     Inverse-CDF sampling: one uniform draw per row, located in the cumulative probabilities. Exact, as
     torch.multinomial is, but multinomial on CPU spends ~1.2 ms per row drawing one random number per
     vocabulary entry (measured for 8 rows of 49,152: 9.4 ms vs 0.55 ms here), at every decode step.
+    The draw is located in two stages: first among the sums of blocks of `block` tokens, then inside
+    the block it fell in: the same tokens as one float64 running sum over the vocabulary
+    (sample_tokens_reference), which is not vectorised on CPU (bench.py: sampling_blocked_vs_running_sum).
     """
     if temperature == 0:
         return logits.argmax(-1)
-    # softmax in float32, its running sum in float64 (a float32 sum would lose tokens below ~1e-7)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)                # (B, V)
+    B, V = probs.shape
+    blocks = -(-V // block)
+    if blocks * block != V:
+        probs = torch.nn.functional.pad(probs, (0, blocks * block - V))
+    probs = probs.view(B, blocks, block)
+    # sums in float64: a float32 running sum would lose tokens below ~1e-7 of it
+    sums = probs.sum(-1, dtype=torch.float64)                                  # (B, blocks)
+    ends = sums.cumsum(-1)                                                     # (B, blocks)
+    if uniforms is None:
+        uniforms = torch.rand(B, 1, dtype=torch.float64, device=probs.device)
+    u = uniforms * ends[:, -1:]                                                # (B, 1)
+    # right=True: u = 0 cannot land on a leading zero-probability token; the min: u rounded up to the
+    # total cannot land past the last token that has probability
+    b = torch.minimum(torch.searchsorted(ends, u, right=True), last_positive(sums))          # (B, 1)
+    inside = probs[torch.arange(B, device=probs.device), b[:, 0]]              # (B, block)
+    before = torch.where(b > 0, ends.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(u))
+    k = torch.searchsorted(inside.cumsum(-1, dtype=torch.float64) + before, u, right=True)
+    return (b * block + torch.minimum(k, last_positive(inside))).squeeze(-1)
+
+
+def last_positive(x: torch.Tensor) -> torch.Tensor:
+    """Index (B, 1) of each row's last positive entry of x (B, N)."""
+    return x.shape[-1] - 1 - (x > 0).flip(-1).byte().argmax(-1, keepdim=True)
+
+
+def sample_tokens_reference(logits: torch.Tensor, temperature: float, uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """sample_tokens' plain path: the same draw located in one float64 running sum over the vocabulary."""
+    if temperature == 0:
+        return logits.argmax(-1)
     cdf = torch.softmax(logits.float() / temperature, dim=-1).cumsum(-1, dtype=torch.float64)   # (B, V)
     if uniforms is None:
         uniforms = torch.rand(cdf.shape[0], 1, dtype=cdf.dtype, device=cdf.device)
-    u = uniforms * cdf[:, -1:]
-    # right=True: u = 0 cannot land on a leading zero-probability token
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    return torch.searchsorted(cdf, uniforms * cdf[:, -1:], right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
 def effective_weight(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -377,6 +408,17 @@ class HFDecoder:
         return out.logits[:, -1].float()
 
 
+def holes_first(parts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of unequal length as one block (B, W) of token ids and its valid mask (B, W) bool, the holes
+    on the left: every row's last token is in the last column, whose logits the decoder returns."""
+    width = max(map(len, parts))
+    block = torch.full((len(parts), width), pad, dtype=torch.long)
+    block_valid = torch.zeros((len(parts), width), dtype=torch.bool)
+    for row, part in enumerate(parts):
+        block[row, width - len(part):], block_valid[row, width - len(part):] = torch.tensor(part, dtype=torch.long), True
+    return block, block_valid
+
+
 class CachedSampler:
     """Sampling for a batch of episodes whose prompts only grow, with one KV cache kept across calls.
 
@@ -460,12 +502,8 @@ class CachedSampler:
                 return
             level = max([n for n in left if n <= max(left) - step] or [min(left)])
             rows = [i for i, n in enumerate(left) if n > level]
-            width = max(left) - level
-            block = torch.full((len(rows), width), pad, dtype=torch.long)
-            block_valid = torch.zeros((len(rows), width), dtype=torch.bool)
-            for k, i in enumerate(rows):   # left-aligned holes, as generate's
-                part = prompts[i][len(self.cached_ids[i]):len(prompts[i]) - level]
-                block[k, width - len(part):], block_valid[k, width - len(part):] = torch.tensor(part), True
+            block, block_valid = holes_first([prompts[i][len(self.cached_ids[i]):len(prompts[i]) - level] for i in rows], pad)
+            for i in rows:
                 self.cached_ids[i] = prompts[i][:len(prompts[i]) - level]
             self.decoder.forward(block.to(device), block_valid.to(device), torch.tensor(rows, device=device))
 
@@ -504,12 +542,8 @@ class CachedSampler:
                     self.finished[self.episode_ids[r]] = (kv, self.cached_ids[r])
             self.decoder.select(torch.tensor(rows, device=device))
             self.cached_ids, self.episode_ids = [self.cached_ids[r] for r in rows], list(episode_ids)
-        new = [p[len(f):] for p, f in zip(prompts, self.cached_ids)]
-        width, pad = max(len(s) for s in new), policy.tokenizer.pad_token_id
-        block = torch.full((len(new), width), pad, dtype=torch.long)
-        block_valid = torch.zeros((len(new), width), dtype=torch.bool)
-        for row, s in enumerate(new):  # left-aligned holes: every row's last token is in the last column
-            block[row, width - len(s):], block_valid[row, width - len(s):] = torch.tensor(s), True
+        pad = policy.tokenizer.pad_token_id
+        block, block_valid = holes_first([p[len(f):] for p, f in zip(prompts, self.cached_ids)], pad)
         was_training = policy.model.training
         policy.model.eval()
         try:

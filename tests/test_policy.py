@@ -224,6 +224,28 @@ def test_sample_tokens_draws_from_the_tempered_softmax():
     assert sample_tokens(logits, 0).tolist() == [0, 3]
 
 
+@pytest.mark.parametrize("vocab", [7, 256, 1000, 49152])
+def test_blocked_sampling_draws_what_one_running_sum_draws(vocab):
+    """sample_tokens locates each draw in block sums, then inside its block; sample_tokens_reference in
+    one float64 running sum over the vocabulary. Same draws, same tokens, at the extremes too: u = 0 skips
+    leading impossible tokens, u just below 1 stops at the last possible one (never a -inf logit, never
+    the padding of a vocabulary that is not a multiple of the block)."""
+    from sampler import sample_tokens_reference
+    torch.manual_seed(vocab)
+    logits = torch.randn(64, vocab) * 4
+    logits[:, :2] = logits[:, -3:] = -float("inf")           # impossible first and last tokens
+    logits[0, 3:-4] = -float("inf")                            # a row with two equally likely tokens
+    logits[0, 2] = logits[0, -4] = 0.0
+    draws = torch.rand(64, 50, dtype=torch.float64)
+    draws[:, 0], draws[:, 1] = 0.0, 1 - 2 ** -53
+    for k in range(draws.shape[1]):
+        u = draws[:, k:k + 1]
+        fast, ref = sample_tokens(logits, 0.8, u, block=16), sample_tokens_reference(logits, 0.8, u)
+        assert torch.equal(fast, ref), k
+        assert torch.isfinite(logits.gather(1, fast[:, None])).all()
+    assert set(sample_tokens(logits[:1].expand(400, -1), 0.8).tolist()) == {2, vocab - 4}
+
+
 def test_shared_prefix_gives_the_log_probs_and_gradients_of_separate_passes(tiny_policy):
     """Scoring trajectories that start alike through one SharedPrefix must give exactly the log-probs
     and the LoRA gradient that one full forward and backward pass per trajectory gives."""
