@@ -16,6 +16,8 @@ prefill_vs_plain                   tokens/s of the sampler's prefill (8 distinct
                                    plain forward over the same batch
 scoring_tok_s                      trained tokens/s of Policy.score, forward + backward, one ~1,100-token
                                    trajectory (the update's unit of work)
+lora_in_base_dtype_vs_peft         the same with LoRA multiplied in the base dtype (default) over peft's
+                                   float32 LoRA (scoring_tok_s_peft_float32_lora); 1.0 on a float32 model
 scoring_matmul_cap_tok_s           the same forward + backward's matrix products alone, as tokens/s; and
                                    scoring_share_of_cap, scoring_tok_s over it
 iteration_*                        one default training iteration (python train.py --env webshop-mini,
@@ -284,21 +286,27 @@ def bench_prefill(policy, rows: int = 8, context: int = 300, repeats: int = 2) -
 
 
 def bench_score(policy, length: int = 1100, actions: int = 5, repeats: int = 2) -> dict:
-    """Trained tokens/s of Policy.score, forward + backward, on one webshop-mini-sized trajectory."""
+    """Trained tokens/s of Policy.score, forward + backward, on one webshop-mini-sized trajectory; with
+    LoRA multiplied in the base dtype (the default, sampler.lora_in_base_dtype) and with peft's float32
+    LoRA (the plain path), alternated so both see the same machine state."""
     rng = np.random.default_rng(2)
     ids = rng.integers(100, len(policy.tokenizer), length).tolist()
     mask = [False] * length
     for k in range(actions):  # five 12-token actions, spread over the trajectory
         start = (k + 1) * length // (actions + 1)
         mask[start:start + 12] = [True] * 12
-    best = float("inf")
+    best = {True: float("inf"), False: float("inf")}
     for _ in range(repeats + 1):
-        t = time.perf_counter()
-        logp, _ = policy.score(ids, mask)
-        logp.sum().backward()
-        best = min(best, time.perf_counter() - t)
+        for fast in (True, False):
+            policy.fast_lora = fast
+            t = time.perf_counter()
+            logp, _ = policy.score(ids, mask)
+            logp.sum().backward()
+            best[fast] = min(best[fast], time.perf_counter() - t)
+    policy.fast_lora = True
     policy.model.zero_grad(set_to_none=True)
-    return {"scoring_tok_s": length / best}
+    return {"scoring_tok_s": length / best[True], "scoring_tok_s_peft_float32_lora": length / best[False],
+            "lora_in_base_dtype_vs_peft": best[False] / best[True]}
 
 
 def bench_score_cap(policy, length: int = 1100, action_tokens: int = 60, repeats: int = 3) -> dict:
@@ -373,7 +381,8 @@ def main():
     if not args.no_iteration:
         result.update(bench_iteration(policy))
     ratios = ("decode_vs_plain_32_rows", "decode_vs_plain_32_rows_distinct", "prefill_vs_plain", "rollout_batched_vs_sequential",
-              "scoring_single_pass_vs_per_turn", "retrieval_vectorized_vs_loop", "sampling_blocked_vs_running_sum")
+              "scoring_single_pass_vs_per_turn", "retrieval_vectorized_vs_loop", "sampling_blocked_vs_running_sum",
+              "lora_in_base_dtype_vs_peft")
     print(json.dumps({**{k: round(result[k], 2) for k in ratios},
                       **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items() if k not in ratios}},
                      indent=1))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from sampler import CachedSampler, Decoder, SharedPrefix
+from sampler import CachedSampler, Decoder, SharedPrefix, lora_in_base_dtype
 from utils import replace_atomically
 
 DEFAULT_MODEL = "default"
@@ -62,6 +62,7 @@ class Policy:
             stops.add(self.end_of_turn_id)
         self.stop_ids = sorted(i for i in stops if i is not None)
         self._merged = False
+        self.fast_lora = True     # score() multiplies LoRA in the base dtype (lora_compute); False: peft's float32
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -103,6 +104,11 @@ class Policy:
                 for m, w in zip(layers, saved):
                     m.get_base_layer().weight.copy_(w)
             self._merged = False
+
+    def lora_compute(self):
+        """The block score() and SharedPrefix run the model in: LoRA's products in the base dtype
+        (sampler.lora_in_base_dtype); set self.fast_lora = False for peft's plain float32 path."""
+        return lora_in_base_dtype(self.model, self.fast_lora)
 
     def lora_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -181,8 +187,9 @@ class Policy:
         if len(targets) and int(targets[0]) - 1 < start:
             raise ValueError("an action token is predicted inside the shared prefix")
         # position t-1 predicts token t; positions continue after the prefix (the cache says where)
-        out = self.model(input_ids=ids_t[None, start:], past_key_values=past, use_cache=past is not None,
-                         logits_to_keep=targets - 1 - start)
+        with self.lora_compute():
+            out = self.model(input_ids=ids_t[None, start:], past_key_values=past, use_cache=past is not None,
+                             logits_to_keep=targets - 1 - start)
         logits = out.logits[0].float() / temperature                           # (n, V)
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, ids_t[targets][:, None]).squeeze(-1)

@@ -10,6 +10,8 @@ beside it that the tests compare it with.
 - sample_tokens: inverse-CDF sampling, exact like torch.multinomial and faster on CPU.
 - SharedPrefix: the keys and values of a prefix many trajectories share, encoded once, gradients
   included (plain path: score each trajectory from its first token).
+- lora_in_base_dtype: LoRA's products in the base model's bf16 while its weights stay float32 (plain
+  path: peft's own float32 LoRA computation).
 """
 from __future__ import annotations
 
@@ -47,8 +49,9 @@ class SharedPrefix:
             return
         from transformers import DynamicCache
         cache = DynamicCache()
-        policy.model(input_ids=torch.tensor([self.ids], device=policy.device), past_key_values=cache,
-                     use_cache=True, logits_to_keep=1)
+        with policy.lora_compute():
+            policy.model(input_ids=torch.tensor([self.ids], device=policy.device), past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
         self.graph = [(layer.keys, layer.values) for layer in cache.layers]      # each (1, kv heads, n, head dim)
         grad = torch.is_grad_enabled()
         self.leaves = [(k.detach().requires_grad_(grad), v.detach().requires_grad_(grad)) for k, v in self.graph]
@@ -79,6 +82,28 @@ def scoring(policy: "Policy", sequences: list[tuple[list[int], list[bool]]], tem
     prefix = SharedPrefix(policy, sequences)
     yield lambda ids, mask: policy.score(ids, mask, temperature, prefix)
     prefix.backward()
+
+
+@contextmanager
+def lora_in_base_dtype(model, enabled: bool = True):
+    """A block in which every LoRA layer multiplies in the base model's dtype (bf16 or fp16), while the
+    LoRA weights themselves, their gradients and the optimiser stay float32.
+
+    peft keeps the adapter in float32 over a bf16 base and, in each of the model's LoRA layers, casts
+    the layer's input to float32, computes the update in float32 and adds it to the bf16 output in
+    float32 before rounding back: three full-size float32 copies per layer and direction, a large share
+    of a forward + backward pass on CPU (bench.py: scoring_tok_s, lora_in_base_dtype). Here autocast
+    casts the small A and B matrices to bf16 instead and the activations are left alone; the layer's
+    output is rounded to bf16 in both paths. enabled=False (or a float32 base) is the plain path.
+    """
+    base = model.get_input_embeddings().weight.dtype
+    lora = next((p.dtype for p in model.parameters() if p.requires_grad), base)
+    if not enabled or base == lora or base == torch.float32:
+        yield
+        return
+    from peft.helpers import disable_input_dtype_casting
+    with disable_input_dtype_casting(model), torch.autocast(model.device.type, dtype=base):
+        yield
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, uniforms: torch.Tensor | None = None,

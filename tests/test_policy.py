@@ -285,6 +285,54 @@ def test_shared_prefix_gives_the_log_probs_and_gradients_of_separate_passes(tiny
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)  # float32 summation order
 
 
+def test_lora_in_the_base_dtype_is_as_close_to_float32_as_peft_and_keeps_float32_weights(tiny_model_dir):
+    """On a bf16 base, score() multiplies LoRA in bf16 (no float32 copy of any LoRA layer's input) while
+    the LoRA weights and their gradients stay float32. Against the same model in float32, its log-probs
+    and LoRA gradient are as close as peft's float32-LoRA path gets, and both are far closer than the
+    LoRA update itself moves them."""
+    from sampler import SharedPrefix
+    enc = load_policy(tiny_model_dir, dtype="float32", device="cpu").encode
+    start = enc("System: you play a game. Task: find the red key.")
+    seqs = [(start + enc(t) + enc(" take key"), [False] * len(start + enc(t)) + [True] * len(enc(" take key")))
+            for t in (" go east", " open the door")]
+
+    def run(dtype: str, fast: bool, adapter: bool = True):
+        policy = load_policy(tiny_model_dir, dtype=dtype, device="cpu", lora_r=4, lora_alpha=8)
+        randomise_lora(policy, seed=5)
+        policy.fast_lora = fast
+        seen = set()
+        for n, m in policy.model.named_modules():
+            if n.endswith("lora_A.default"):
+                m.register_forward_pre_hook(lambda m, args: seen.add(args[0].dtype))
+        prefix = SharedPrefix(policy, seqs) if adapter else None
+        logps = []
+        for k, (ids, mask) in enumerate(seqs):
+            if adapter:
+                logp, _ = policy.score(ids, mask, prefix=prefix)
+                ((1.0 - 2 * k) * logp.sum()).backward()
+            else:
+                with torch.no_grad(), policy.model.disable_adapter():
+                    logp, _ = policy.score(ids, mask)
+            logps.append(logp.detach())
+        if not adapter:
+            return torch.cat(logps), None, seen
+        prefix.backward()
+        params = policy.lora_parameters()
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in params)
+        return torch.cat(logps), torch.cat([p.grad.flatten() for p in params]), seen
+
+    exact, exact_grad, _ = run("float32", True)
+    base, _, _ = run("float32", False, adapter=False)
+    plain, plain_grad, plain_seen = run("bfloat16", False)
+    fast, fast_grad, fast_seen = run("bfloat16", True)
+    assert plain_seen == {torch.float32} and fast_seen == {torch.bfloat16}
+    lora_effect = (base - exact).abs().mean()
+    assert (plain - exact).abs().mean() < 0.1 * lora_effect
+    assert (fast - exact).abs().mean() < 0.1 * lora_effect
+    err = lambda g: float((g - exact_grad).norm() / exact_grad.norm())
+    assert err(fast_grad) < max(2 * err(plain_grad), 0.05)
+
+
 def test_every_eos_id_of_the_generation_config_stops_sampling(tiny_model_dir):
     """Qwen's generation config lists <|im_end|> and <|endoftext|>: both must stop an action. Here two
     tokens the model writes greedily in the middle of two continuations are made the config's eos ids."""
