@@ -10,6 +10,8 @@
     python evaluate.py --env rooms --split ood --memory on --trials 10   # memory-only baseline (Reflexion-style)
     python evaluate.py --run runs/rooms-empo2-s0 --split ood --memory both --trials 3
                                                                   # adaptation and its memory-off control, side by side
+    python evaluate.py --run runs/rooms-empo2-s0 --memory all --trials 3
+                                                                  # ... and the shuffled-tips control as a third column
     python evaluate.py --compare runs/rooms-empo2-s0 runs/rooms-empo2-s1 runs/rooms-grpo-s0 runs/untrained-rooms
                                                                   # -> compare.md (table) and compare.png (curves)
 
@@ -25,6 +27,11 @@ Adaptation (--memory on): K consecutive trials per task; every step retrieves th
 (empo2.store_tips) for the next trial. No optimiser exists here, so the weights cannot change; the
 output records a checksum of the LoRA weights before and after. Tips are sampled at the evaluation
 temperature too. The memory is saved next to the eval file (..._memory.json).
+
+Shuffled tips (--memory shuffled), the control for what a tip SAYS: the adaptation test, except that
+each task's memory receives the tip another task's episode wrote (the trial's tasks rotated by one),
+stored under the task's own first observation so retrieval finds it exactly as it finds a real tip.
+Memory on beating memory off but not shuffled tips means the prompt with a tip helps, not its content.
 
 When --run is given, every setting (env, model, dtype, max steps, tokens per action, ...) defaults
 to the run's config.json; the flags override it.
@@ -66,9 +73,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default=None, help="a run folder written by train.py (omit, or 'none': the untrained model)")
     p.add_argument("--split", choices=SPLITS, default="test", help="val: for choosing settings; test: unseen instances, for final tables only; ood: unseen kinds of task")
-    p.add_argument("--memory", choices=("off", "on", "both"), default="off",
+    p.add_argument("--memory", choices=("off", "on", "both", "shuffled", "all"), default="off",
                    help="on: the adaptation test (tips, no weight update); both: it and its memory-off control on the "
-                        "same goals and seed, side by side")
+                        "same goals and seed, side by side; shuffled: the adaptation test with each task given another "
+                        "task's tips; all: off, on and shuffled side by side")
     p.add_argument("--trials", type=int, default=None, help="trials per task (default: 1 with --memory off, 3 with on)")
     p.add_argument("--episodes", type=int, default=Config.eval_episodes, help=f"N tasks spread evenly over the split, the same as train.py evaluates (default: {Config.eval_episodes})")
     p.add_argument("--out", default=None, help="eval: the JSON file (default RUN/eval_SPLIT_MEMORY.json); "
@@ -91,8 +99,9 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.trials is None:
         args.trials = 1 if args.memory == "off" else 3
-    if args.memory == "both" and args.out is not None:
-        p.error("--memory both writes two files next to the run (eval_SPLIT_off.json, eval_SPLIT_on.json); drop --out")
+    if args.memory in ("both", "all") and args.out is not None:
+        p.error(f"--memory {args.memory} writes one file per setting next to the run (eval_SPLIT_off.json, "
+                "eval_SPLIT_on.json, ...); drop --out")
     if args.trials < 1 or (args.max_steps is not None and args.max_steps < 0):
         p.error("--trials must be at least 1 and --max-steps at least 0")
     if args.eval_temperature is not None and args.eval_temperature < 0:
@@ -166,14 +175,17 @@ def weights_checksum(params) -> str:
     return h.hexdigest()
 
 
-def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, embedder=None, memory=None) -> list[dict]:
-    """All episodes of all trials, one record each. Memory on: tips retrieved during, written after each trial."""
+def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, embedder=None, memory=None,
+                shuffle_tips: bool = False) -> list[dict]:
+    """All episodes of all trials, one record each. Memory on: tips retrieved during, written after each trial;
+    shuffle_tips: each task's memory gets the tip of the next task's episode instead of its own."""
     records = []
     for trial in range(1, trials + 1):
         if not memory_on:  # the main metric: empo2.evaluate_policy (plain rollouts at eval temperature)
             result = evaluate_policy(policy, pool, tasks, cfg, desc=f"eval trial {trial}")
             records += [{**e, "trial": trial} for e in result["episodes"]]
         else:
+            played = []
             for start in range(0, len(tasks), len(pool)):
                 chunk = tasks[start:start + len(pool)]
                 with policy.sampling(keep_finished=True) as sampler:   # the tips continue the episodes' KV cache
@@ -181,8 +193,12 @@ def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, 
                                     embedder=embedder, temperature=cfg.eval_temperature, desc=f"adapt trial {trial}",
                                     sampler=sampler)
                     reflect(policy, trajs, cfg, sampler)   # docs/algorithm.md, step 3: the policy writes itself a tip ...
-                store_tips(memory, embedder, trajs)  # ... kept for the next trial; no weight update
+                played += trajs
                 records += [{**episode_record(tr), "trial": trial, "tips_seen": tr.has_tips, "tip": tr.tip} for tr in trajs]
+            if not shuffle_tips:
+                store_tips(memory, embedder, played)  # ... kept for the next trial; no weight update
+            else:
+                store_others_tips(memory, embedder, played)
         now = episode_stats([r for r in records if r["trial"] == trial])
         print(f"trial {trial}/{trials}: score {now['score']:.1f} ± {now['score_ci95']:.1f}, success "
               f"{now['success_rate']:.1f} %, steps {now['mean_steps']:.1f}" + (f", memory {len(memory)}" if memory_on else ""),
@@ -190,10 +206,21 @@ def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, 
     return records
 
 
+def store_others_tips(memory, embedder, trajs) -> int:
+    """The shuffled-tips control: episode k's task stores the tip (and score) of episode k+1's, under the
+    embedding of its own first observation, so retrieval works as for its own tip."""
+    if len({tr.task.task_id for tr in trajs}) < 2:
+        raise ValueError("--memory shuffled needs at least two tasks (--episodes 2 or more)")
+    keys = embedder([tr.first_obs for tr in trajs])   # (n, 384)
+    donors = trajs[1:] + trajs[:1]
+    return sum(memory.add(tr.task.task_id, k, f"{d.tip} (score: {d.ext_return:.2f})", d.ext_return)
+               for tr, d, k in zip(trajs, donors, keys))
+
+
 def evaluate(parser, args) -> Path:
-    """One evaluation (--memory off or on) of a run or the untrained model; returns the JSON file written."""
+    """One evaluation (--memory off, on or shuffled) of a run or the untrained model; returns the JSON file written."""
     cfg, run = build_config(parser, args)
-    memory_on = args.memory == "on"
+    memory_on = args.memory in ("on", "shuffled")
     make_kwargs, task_kwargs = envs.settings(cfg.env, cfg.max_steps, cfg.task_names)
     all_tasks = envs.tasks(cfg.env, args.split, **task_kwargs)
     tasks = eval_subset(all_tasks, args.episodes)
@@ -214,12 +241,13 @@ def evaluate(parser, args) -> Path:
     before = weights_checksum(policy.lora_parameters())
     torch.manual_seed(cfg.seed)
     try:
-        records = play_trials(policy, pool, tasks, cfg, args.trials, memory_on, embedder, memory)
+        records = play_trials(policy, pool, tasks, cfg, args.trials, memory_on, embedder, memory,
+                              shuffle_tips=args.memory == "shuffled")
     finally:
         for env in pool:
             env.close()
 
-    result = {"mode": "adaptation" if memory_on else "eval", "run": str(run) if run else None,
+    result = {"mode": {"on": "adaptation", "shuffled": "adaptation, shuffled tips"}.get(args.memory, "eval"), "run": str(run) if run else None,
               "adapter": str(adapter) if adapter else None,
               "settings": {"env": cfg.env, "split": args.split, "memory": args.memory, "trials": args.trials,
                            "episodes": len(tasks), "temperature": cfg.eval_temperature, "max_steps": pool[0].max_steps,
@@ -253,6 +281,7 @@ def evaluate(parser, args) -> Path:
     result["time_s"] = time.time() - t0
     write_atomically(out, json.dumps(json_safe(result), indent=1, allow_nan=False))
     what = f"{'adaptation, ' + str(args.trials) + ' trials' if memory_on else 'no memory'}, T={cfg.eval_temperature}"
+    what = what.replace("adaptation", "adaptation with shuffled tips") if args.memory == "shuffled" else what
     print(f"{run or 'untrained ' + cfg.model} on {cfg.env}/{args.split} ({what}, {len(tasks)} tasks): score "
           f"{result['score']:.1f} ± {result['score_ci95']:.1f}, success {result['success_rate']:.1f} % "
           f"± {result['success_ci95']:.1f}, steps {result['mean_steps']:.1f}")
@@ -729,7 +758,7 @@ def main(argv=None) -> int:
         return sweep(parser, args)
     if args.compare is not None:
         return compare(parser, args)
-    if args.memory == "both":
+    if args.memory in ("both", "all"):
         return adaptation_with_control(parser, args)
     evaluate(parser, args)
     return 0
@@ -737,24 +766,28 @@ def main(argv=None) -> int:
 
 def adaptation_with_control(parser, args) -> int:
     """The adaptation test (memory on) and its control (memory off: the same goals, seed and number of
-    trials, each trial independent), then both per trial side by side, and on − off at the last trial
-    paired over goals."""
+    trials, each trial independent), with --memory all also the shuffled-tips control; then all per trial
+    side by side, and on − off (on − shuffled) at the last trial paired over goals."""
     results = {}
-    for memory in ("off", "on"):
+    for memory in ("off", "on", "shuffled") if args.memory == "all" else ("off", "on"):
         print(f"--- memory {memory}")
         out = evaluate(parser, argparse.Namespace(**{**vars(args), "memory": memory}))
         results[memory] = json.loads(out.read_text())
-    print(adaptation_table(results["off"], results["on"]))
+    print(adaptation_table(results["off"], results["on"], results.get("shuffled")))
     return 0
 
 
-def adaptation_table(off: dict, on: dict) -> str:
-    """Markdown: success and score per trial with memory on and off, and the paired difference at the last trial."""
-    lines = ["| trial | success, memory on | success, memory off | score, memory on | score, memory off | episodes with tips |",
-             "|---|---|---|---|---|---|"]
-    for a, b in zip(on["trials"], off["trials"]):
-        lines.append(f"| {a['trial']} | {fmt_ci(a['success_rate'], a['success_ci95'])} | {fmt_ci(b['success_rate'], b['success_ci95'])} "
-                     f"| {fmt_ci(a['score'], a['score_ci95'])} | {fmt_ci(b['score'], b['score_ci95'])} | {a['episodes_with_tips']} |")
+def adaptation_table(off: dict, on: dict, shuffled: dict | None = None) -> str:
+    """Markdown: success and score per trial with memory on and off (and with shuffled tips), and the paired
+    differences at the last trial."""
+    cols = ["memory on", "memory off"] + (["shuffled tips"] if shuffled else [])
+    runs = [on, off] + ([shuffled] if shuffled else [])
+    lines = ["| trial | " + " | ".join(f"success, {c}" for c in cols) + " | " + " | ".join(f"score, {c}" for c in cols)
+             + " | episodes with tips |", "|---|" + "---|" * (2 * len(cols) + 1)]
+    for k, a in enumerate(on["trials"]):
+        rows = [r["trials"][k] for r in runs]
+        lines.append(f"| {a['trial']} | " + " | ".join(fmt_ci(r['success_rate'], r['success_ci95']) for r in rows) + " | "
+                     + " | ".join(fmt_ci(r['score'], r['score_ci95']) for r in rows) + f" | {a['episodes_with_tips']} |")
     last = on["trials"][-1]["trial"]
     at = lambda result, k: [e for e in result["episodes"] if e["trial"] == k]
     vs_off = paired_goal_difference(at(off, last), at(on, last), "won")
@@ -763,6 +796,11 @@ def adaptation_table(off: dict, on: dict) -> str:
     lines += ["", f"Trial {last}, memory on − memory off, paired over {vs_off['n_goals']} goals (95 % bootstrap CI): "
               f"success {vs_off['difference']:+.1f} [{lo:+.1f}, {hi:+.1f}] points; memory on, trial {last} − trial 1: "
               f"{vs_first['difference']:+.1f} [{flo:+.1f}, {fhi:+.1f}]."]
+    if shuffled:
+        vs_shuffled = paired_goal_difference(at(shuffled, last), at(on, last), "won")
+        slo, shi = vs_shuffled["difference_ci95"]
+        lines[-1] += (f" Memory on − shuffled tips: {vs_shuffled['difference']:+.1f} [{slo:+.1f}, {shi:+.1f}] "
+                      f"(what the tips' content adds).")
     return "\n".join(lines)
 
 

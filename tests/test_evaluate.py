@@ -130,6 +130,36 @@ def test_the_memory_off_control_runs_the_same_goals_and_seed_side_by_side(run_di
     assert "| trial | success, memory on | success, memory off |" in text and "memory on − memory off" in text
 
 
+def test_shuffled_tips_give_each_task_another_tasks_tip_where_its_own_would_be(run_dir, eval_off, capsys):
+    """The content control: with --memory all, the shuffled run plays the same goals and seed, and each
+    task's memory holds the tip another task's episode wrote in the on run's place, found by retrieval."""
+    assert evaluate.main(["--run", str(run_dir), "--split", "ood", "--episodes", "3", "--memory", "all", "--trials", "2",
+                          *TINY[2:]]) == 0
+    on, shuffled = (strict_json(run_dir / f"eval_ood_{m}.json") for m in ("on", "shuffled"))
+    assert shuffled["mode"] == "adaptation, shuffled tips" and shuffled["settings"]["seed"] == on["settings"]["seed"]
+    goals = lambda res, k: [e["task_id"] for e in res["episodes"] if e["trial"] == k]
+    assert goals(on, 1) == goals(shuffled, 1) and len(goals(on, 1)) == 3
+    assert shuffled["trials"][1]["episodes_with_tips"] == 3   # retrieval finds the other task's tip
+    memory = TipMemory.load(run_dir / "eval_ood_shuffled_memory.json")
+    first = [e for e in shuffled["episodes"] if e["trial"] == 1]
+    for k, e in enumerate(first):   # task k holds the tip of the episode of task k + 1 (mod 3)
+        assert memory.tips[e["task_id"]][0].startswith(first[(k + 1) % 3]["tip"])
+    assert "success, shuffled tips" in capsys.readouterr().out
+
+
+def test_store_others_tips_rotates_tips_and_scores_but_keeps_each_tasks_own_key():
+    from types import SimpleNamespace
+    trajs = [SimpleNamespace(task=SimpleNamespace(task_id=f"t{k}"), tip=f"tip of t{k}", ext_return=float(k == 1),
+                             first_obs=f"obs {k}") for k in range(3)]
+    embed = lambda texts: np.stack([np.eye(384, dtype=np.float32)[int(t.split()[1])] for t in texts])
+    memory = TipMemory(0.5, 10, 100)
+    assert evaluate.store_others_tips(memory, embed, trajs) == 3
+    assert memory.tips == {"t0": ["tip of t1 (score: 1.00)"], "t1": ["tip of t2 (score: 0.00)"], "t2": ["tip of t0 (score: 0.00)"]}
+    assert memory.retrieve("t0", embed(["obs 0"])[0]) == ["tip of t1 (score: 1.00)"]   # found by t0's own observation
+    with pytest.raises(ValueError, match="two tasks"):
+        evaluate.store_others_tips(memory, embed, trajs[:1])
+
+
 def test_memory_both_refuses_one_out_file():
     with pytest.raises(SystemExit):
         evaluate.parse_args(["--env", "rooms", "--memory", "both", "--out", "x.json"])
