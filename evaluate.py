@@ -102,6 +102,8 @@ def parse_args(argv=None):
     if args.memory in ("both", "all") and args.out is not None:
         p.error(f"--memory {args.memory} writes one file per setting next to the run (eval_SPLIT_off.json, "
                 "eval_SPLIT_on.json, ...); drop --out")
+    if args.memory in ("shuffled", "all") and args.episodes < 2:
+        p.error(f"--memory {args.memory} gives each task another task's tips: it needs --episodes 2 or more")
     if args.trials < 1 or (args.max_steps is not None and args.max_steps < 0):
         p.error("--trials must be at least 1 and --max-steps at least 0")
     if args.eval_temperature is not None and args.eval_temperature < 0:

@@ -160,9 +160,11 @@ def test_store_others_tips_rotates_tips_and_scores_but_keeps_each_tasks_own_key(
         evaluate.store_others_tips(memory, embed, trajs[:1])
 
 
-def test_memory_both_refuses_one_out_file():
+def test_memory_both_refuses_one_out_file_and_shuffled_one_task():
     with pytest.raises(SystemExit):
         evaluate.parse_args(["--env", "rooms", "--memory", "both", "--out", "x.json"])
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["--env", "rooms", "--memory", "shuffled", "--episodes", "1"])
 
 
 def test_memory_off_trials_repeat_each_task(run_dir, eval_off, tmp_path):

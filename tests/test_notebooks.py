@@ -28,8 +28,8 @@ NB_DIR = ROOT / "notebooks"
 # notebook -> strings its executed outputs must contain
 MARKERS = {
     "01_rollout.ipynb": ["action tokens:", "tokens below log δ", "NOTEBOOK 01 DONE"],
-    "02_memory_and_reflection.ipynb": ["stored again: 0 tips", "<tip>", "r_int = 0.100",
-                                       "NOTEBOOK 02 DONE"],
+    "02_memory_and_reflection.ipynb": ["stored again: 0 tips", "<tip>", "r_int = 0.100", "retrieval at the first observation returns:",
+                                       "success, shuffled tips", "NOTEBOOK 02 DONE"],
     "03_hybrid_update.ipynb": ["identical ids in both: True", "optimiser steps in", "NOTEBOOK 03 DONE"],
     "04_empo2_vs_grpo.ipynb": ["EMPO² run:", "GRPO run:", "memory.json:", "Found 2 run(s)", "NOTEBOOK 04 DONE"],
 }
