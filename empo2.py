@@ -547,11 +547,18 @@ def tip_quality(trajs: list[Trajectory]) -> dict:
             "memory/tip_words": float(np.mean([len(tr.tip.split()) for tr in tipped]))}
 
 
-def store_tips(memory, embedder, trajs: list[Trajectory]) -> int:
-    """Tip text + final score, keyed by the embedding of the episode's first observation."""
+def store_tips(memory, embedder, trajs: list[Trajectory], tips_from: list[Trajectory] | None = None) -> int:
+    """Tip text + final score, keyed by the embedding of the episode's first observation.
+
+    tips_from (default: trajs itself) supplies the tip and score stored for each episode: evaluation's
+    shuffled-tips control passes another task's episodes here, so retrieval is unchanged but content is not.
+    """
     keys = embedder([tr.first_obs for tr in trajs])   # memory keys: (n, 384)
-    return sum(memory.add(tr.task.task_id, k, f"{tr.tip} (score: {tr.ext_return:.2f})", tr.ext_return)
-               for tr, k in zip(trajs, keys))
+    donors = trajs if tips_from is None else tips_from
+    if len(donors) != len(trajs):
+        raise ValueError(f"{len(trajs)} episodes but {len(donors)} tips")
+    return sum(memory.add(tr.task.task_id, k, f"{d.tip} (score: {d.ext_return:.2f})", d.ext_return)
+               for tr, d, k in zip(trajs, donors, keys))
 
 
 def episode_returns(trajs: list[Trajectory], invalid_penalty: float = 0.0) -> torch.Tensor:

@@ -213,10 +213,7 @@ def store_others_tips(memory, embedder, trajs) -> int:
     embedding of its own first observation, so retrieval works as for its own tip."""
     if len({tr.task.task_id for tr in trajs}) < 2:
         raise ValueError("--memory shuffled needs at least two tasks (--episodes 2 or more)")
-    keys = embedder([tr.first_obs for tr in trajs])   # (n, 384)
-    donors = trajs[1:] + trajs[:1]
-    return sum(memory.add(tr.task.task_id, k, f"{d.tip} (score: {d.ext_return:.2f})", d.ext_return)
-               for tr, d, k in zip(trajs, donors, keys))
+    return store_tips(memory, embedder, trajs, tips_from=trajs[1:] + trajs[:1])
 
 
 def evaluate(parser, args) -> Path:

@@ -158,6 +158,8 @@ def test_store_others_tips_rotates_tips_and_scores_but_keeps_each_tasks_own_key(
     assert memory.retrieve("t0", embed(["obs 0"])[0]) == ["tip of t1 (score: 1.00)"]   # found by t0's own observation
     with pytest.raises(ValueError, match="two tasks"):
         evaluate.store_others_tips(memory, embed, trajs[:1])
+    with pytest.raises(ValueError, match="3 episodes but 2 tips"):   # empo2.store_tips, which does the storing
+        evaluate.store_tips(memory, embed, trajs, tips_from=trajs[:2])
 
 
 def test_memory_both_refuses_one_out_file_and_shuffled_one_task():
