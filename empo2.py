@@ -553,10 +553,10 @@ def store_tips(memory, embedder, trajs: list[Trajectory], tips_from: list[Trajec
     tips_from (default: trajs itself) supplies the tip and score stored for each episode: evaluation's
     shuffled-tips control passes another task's episodes here, so retrieval is unchanged but content is not.
     """
-    keys = embedder([tr.first_obs for tr in trajs])   # memory keys: (n, 384)
     donors = trajs if tips_from is None else tips_from
     if len(donors) != len(trajs):
         raise ValueError(f"{len(trajs)} episodes but {len(donors)} tips")
+    keys = embedder([tr.first_obs for tr in trajs])   # memory keys: (n, 384)
     return sum(memory.add(tr.task.task_id, k, f"{d.tip} (score: {d.ext_return:.2f})", d.ext_return)
                for tr, d, k in zip(trajs, donors, keys))
 
