@@ -836,14 +836,16 @@ def make_probe(policy, trajs: list[Trajectory], reference: dict, cfg: Config) ->
 
 
 def probe_kl(policy, probe: list[dict], cfg: Config) -> float:
-    """Approximate KL(pi_ref || pi_theta) per action token on the probe (make_probe): mean of
-    log pi_ref - log pi_theta over their action tokens (k1, unbiased because the tokens were drawn from
-    pi_ref). 0 before the first update."""
+    """Approximate KL(pi_ref || pi_theta) per action token on the probe (make_probe): the mean over
+    their action tokens of k3 = r - 1 - log r, r = pi_theta / pi_ref. Unbiased like log pi_ref - log
+    pi_theta (k1) because the tokens were drawn from pi_ref, but never negative and with less variance,
+    so a handful of probe episodes cannot print a negative KL. 0 before the first update."""
     if not probe:
         return 0.0
     with torch.no_grad():
         cur = torch.cat([policy.score(p["ids"], p["mask"], cfg.temperature)[0].cpu() for p in probe])
-    return float((torch.cat([p["ref_logp"] for p in probe]) - cur).mean())
+    log_r = cur - torch.cat([p["ref_logp"] for p in probe])   # (action tokens of all probe episodes,)
+    return float((log_r.exp() - 1 - log_r).mean())
 
 
 # ----------------------------------------------------------------------------------------
