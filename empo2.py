@@ -686,11 +686,16 @@ def record_logprobs(policy, items: list[UpdateItem], cfg: Config, reference: dic
                     it.ref_logp = logp
 
 
+def k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """KL estimator k3 = exp(d) - d - 1 of KL(p || q) from tokens drawn from p, d = log q - log p:
+    unbiased, never negative, lower variance than -d. 0 with zero gradient where p = q."""
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
 def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token KL(pi_theta || pi_ref) estimate k3 = exp(d) - d - 1 with d = log pi_ref - log pi_theta
-    (non-negative, low variance; verl's "low_var_kl"). 0 with zero gradient where the two agree. (n,)"""
-    d = (ref_logp - logp).clamp(-20.0, 20.0)
-    return (torch.exp(d) - d - 1).clamp(max=10.0)
+    """The KL penalty's per-token KL(pi_theta || pi_ref), k3 with d = log pi_ref - log pi_theta (verl's
+    "low_var_kl"), clamped so that one far-off token cannot blow up the gradient. (n,)"""
+    return k3((ref_logp - logp).clamp(-20.0, 20.0)).clamp(max=10.0)
 
 
 def update_policy(policy, optimizer, trajs: list[Trajectory], advantages: torch.Tensor, cfg: Config,
@@ -836,16 +841,15 @@ def make_probe(policy, trajs: list[Trajectory], reference: dict, cfg: Config) ->
 
 
 def probe_kl(policy, probe: list[dict], cfg: Config) -> float:
-    """Approximate KL(pi_ref || pi_theta) per action token on the probe (make_probe): the mean over
-    their action tokens of k3 = r - 1 - log r, r = pi_theta / pi_ref. Unbiased like log pi_ref - log
-    pi_theta (k1) because the tokens were drawn from pi_ref, but never negative and with less variance,
-    so a handful of probe episodes cannot print a negative KL. 0 before the first update."""
+    """Approximate KL(pi_ref || pi_theta) per action token on the probe (make_probe): the mean of k3
+    with d = log pi_theta - log pi_ref (the tokens were drawn from pi_ref). Unlike log pi_ref - log
+    pi_theta (k1) it is never negative, so a handful of probe episodes cannot print a negative KL; not
+    clamped, so a collapse shows at full size. 0 before the first update."""
     if not probe:
         return 0.0
     with torch.no_grad():
         cur = torch.cat([policy.score(p["ids"], p["mask"], cfg.temperature)[0].cpu() for p in probe])
-    log_r = cur - torch.cat([p["ref_logp"] for p in probe])   # (action tokens of all probe episodes,)
-    return float((log_r.exp() - 1 - log_r).mean())
+    return float(k3(cur - torch.cat([p["ref_logp"] for p in probe])).mean())   # over all probe action tokens
 
 
 # ----------------------------------------------------------------------------------------

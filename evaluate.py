@@ -533,6 +533,8 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
                       "in each group:", "",
                       "| vs group | seeds | score ratio, seed bootstrap | score difference, Welch t | success ratio, seed bootstrap "
                       "| success difference (points), Welch t |", "|---|---|---|---|---|---|", *seed_rows]
+    lines += seed_paired_table(groups)
+    lines += memory_table(runs)
     lines += stages_table(groups)
     adapt = [(r, a) for r in runs for a in r["adaptation"]]
     if adapt:
@@ -544,6 +546,96 @@ def compare_table(runs: list[dict], groups: list[list[dict]]) -> str:
             lines.append(f"| {r['name']} | {a['settings']['split']} | {len(t)} | {fmt_ci(t[0]['score'], t[0]['score_ci95'])} "
                          f"| {fmt_ci(t[-1]['score'], t[-1]['score_ci95'])} | {gain} |")
     return "\n".join(lines) + "\n"
+
+
+def seed_paired_table(groups: list[list[dict]]) -> list[str]:
+    """The first group against each other group, paired by seed: runs of the same seed evaluate the same
+    held-out goals with the same evaluation seed (and, in this project's comparisons, the same warm
+    start), so each seed's difference is paired over goals, and the per-seed differences are the
+    observations of a t-interval across seeds; the ratio is the geometric mean of the per-seed ratios of
+    success, with a t-interval on their logarithms. Rows for seeds whose goals do not line up are left
+    out and counted."""
+    first = {str(r["seed"]): r for r in groups[0] if r["main"]}
+    summary, per_seed = [], []
+    for g in groups[1:]:
+        label, diffs, log_ratios, unmatched = group_label(g), {"reward": [], "won": []}, [], 0
+        for r in g:
+            r0 = first.get(str(r["seed"]))
+            if r0 is None or not r["main"]:
+                continue
+            ids0, ids = ([e["task_id"] for e in run["main"]["episodes"]] for run in (r0, r))
+            if sorted(map(str, ids0)) != sorted(map(str, ids)):
+                unmatched += 1
+                continue
+            cells = []
+            for key in ("reward", "won"):
+                d = paired_goal_difference(r["main"]["episodes"], r0["main"]["episodes"], key)   # first - other
+                diffs[key].append(d["difference"])
+                cells.append("{:+.1f} [{:+.1f}, {:+.1f}]".format(d["difference"], *d["difference_ci95"]))
+            won0, won = (100 * float(np.mean([e["won"] for e in run["main"]["episodes"]])) for run in (r0, r))
+            if won0 > 0 and won > 0:
+                log_ratios.append(math.log(won0 / won))
+            else:
+                log_ratios.append(float("nan"))   # a zero success rate: no ratio for this seed
+            per_seed.append(f"| {label} | {r['seed']} | {r0['name']} vs {r['name']} | {len(ids)} | {won0:.1f} | {won:.1f} | "
+                            + " | ".join(cells) + " |")
+        n = len(diffs["won"])
+        if n == 0:
+            continue
+
+        def over(values):
+            mean, half = t_interval(values)
+            if n < 2:
+                return f"{mean:+.1f} (n = 1: no interval)"
+            return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]; {sum(v > 0 for v in values)} of {n} > 0"
+        if n < 2 or any(math.isnan(x) for x in log_ratios):
+            ratio = "–" if any(math.isnan(x) for x in log_ratios) else f"{math.exp(log_ratios[0]):.2f} (n = 1: no interval)"
+        else:
+            m, h = t_interval(log_ratios)
+            ratio = f"{math.exp(m):.2f} [{math.exp(m - h):.2f}, {math.exp(m + h):.2f}]"
+        summary.append(f"| {label} | {n}{f' ({unmatched} other goals: left out)' if unmatched else ''} | {over(diffs['reward'])} "
+                       f"| {over(diffs['won'])} | {ratio} |")
+    if not summary:
+        return []
+    return ["", f"Paired by seed: {group_label(groups[0])} minus each other group, run against run of the same seed on "
+            "the same held-out goals (paired over goals, 95 % bootstrap CI), then the per-seed differences over seeds "
+            "(mean, 95 % Student's t interval, n − 1 degrees of freedom, and how many seeds are above 0). Success "
+            "ratio: geometric mean of the per-seed ratios, t-interval on their logarithms (– where a run won nothing):", "",
+            "| vs group | seeds paired | score difference, by seed | success difference (points), by seed "
+            "| success ratio, by seed |", "|---|---|---|---|---|", *summary,
+            "", "| vs group | seed | runs | goals | first success % | other success % | score difference, paired "
+            "| success difference, paired |", "|---|---|---|---|---|---|---|---|", *per_seed]
+
+
+def memory_table(runs: list[dict]) -> list[str]:
+    """What memory did during training, per run, from metrics.jsonl: groups drawn in memory mode (p), of
+    them trained off-policy (the tips removed: only groups whose episodes saw tips), episodes that saw a
+    tip, success of memory-mode vs plain rollouts pooled over the run, and the largest share of
+    off-policy tokens masked. For GRPO (p = 0) every group is plain."""
+    lines = []
+    for r in runs:
+        rows = [x for x in r["metrics"] if "modes/plain" in x]
+        if not rows or not r["config"]:
+            continue
+        size = r["config"]["group_size"]
+        groups = {m: sum(x.get(f"modes/{m}", 0) for x in rows) for m in ("plain", "on_policy_tips", "off_policy")}
+
+        def pooled(mode, counts):   # per-iteration success rates weighted by that iteration's episodes
+            pairs = [(x[f"charts/success_{mode}"], c * size) for x, c in zip(rows, counts) if c and x.get(f"charts/success_{mode}") is not None]
+            n = sum(k for _, k in pairs)
+            return f"{sum(v * k for v, k in pairs):.0f}/{n} = {100 * sum(v * k for v, k in pairs) / n:.0f} %" if n else "–"
+        memory = [x.get("modes/on_policy_tips", 0) + x.get("modes/off_policy", 0) for x in rows]
+        lines.append(f"| {r['name']} | {sum(groups.values())} | {sum(memory)} | {groups['off_policy']} "
+                     f"| {sum(x.get('memory/episodes_with_tips', 0) for x in rows)} | {pooled('memory', memory)} "
+                     f"| {pooled('plain', [x['modes/plain'] for x in rows])} "
+                     f"| {max(x.get('losses/masked_frac', 0.0) for x in rows):.2f} |")
+    if not lines:
+        return []
+    return ["", "Memory during training (metrics.jsonl; a memory group whose task has no tip yet trains on-policy; "
+            "success pooled over the run's iterations):", "",
+            "| run | groups | memory-mode groups | of them trained off-policy | episodes that saw a tip "
+            "| success, memory-mode rollouts | success, plain rollouts | off-policy tokens masked, max |",
+            "|---|---|---|---|---|---|---|---|", *lines]
 
 
 def stages_table(groups: list[list[dict]]) -> list[str]:

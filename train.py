@@ -162,8 +162,8 @@ def final_evaluation(run: Path, cfg: Config, policy, pool, eval_tasks, evals: di
         (lo, hi), (wlo, whi) = score["difference_ci95"], won["difference_ci95"]
         print(f"trained - warm start, paired over the same {score['n_goals']} goals (95 % bootstrap CI): score "
               f"{score['difference']:+.1f} [{lo:+.1f}, {hi:+.1f}], success {won['difference']:+.1f} [{wlo:+.1f}, {whi:+.1f}] "
-              f"points{'' if lo > 0 or hi < 0 else ' (the interval holds 0: no measurable change)'}")
-        if lo <= 0 <= hi:
+              "points")
+        if lo <= 0 <= hi:   # the score interval holds 0
             print(f"{cfg.iterations} iteration(s) of {cfg.tasks_per_iter * cfg.group_size} episodes did not move the policy "
                   "measurably; README.md, 'The main command', gives a run that does")
 

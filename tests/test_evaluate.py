@@ -225,6 +225,12 @@ def test_compare_table_and_png(run_dir, eval_off, tmp_path):
     # untrained -> warm start -> trained, pooled over the seeds that have all three
     assert "| rooms-grpo (2 seeds) | warm start | 1 | 1 |" in md and "| rooms-grpo (2 seeds) | trained | 1 | 1 |" in md
     assert "Trained minus warm start" in md and "success ratio" in md
+    # what memory did in training, from each run's metrics.jsonl: groups by mode, episodes with tips
+    memory_rows = md.split("Memory during training")[1].split("\n\n")[1].splitlines()[2:]
+    cells = [x.strip() for x in next(r for r in memory_rows if r.startswith("| rooms-empo2-s0 |")).split("|")]
+    modes = {k: sum(m[f"modes/{k}"] for m in metrics) for k in ("plain", "on_policy_tips", "off_policy")}
+    assert cells[2:6] == [str(sum(modes.values())), str(modes["on_policy_tips"] + modes["off_policy"]),
+                          str(modes["off_policy"]), str(sum(m["memory/episodes_with_tips"] for m in metrics))]
     # one seed per algorithm is still compared: the ratio row and the stages of groups of one
     one = tmp_path / "cmp" / "one_seed.md"
     assert evaluate.main(["--compare", str(a), str(d), "--out", str(one)]) == 0
@@ -394,6 +400,29 @@ def test_per_seed_table_and_over_seeds_row():
     assert rows[2].startswith("| x (2 seeds) | over seeds (n = 2) |")
     assert f"| +10.0 [{10 - half:+.1f}, {10 + half:+.1f}]; 2 of 2 > 0 |" in rows[2]
     assert evaluate.seed_rows("x-s0", [s0]) == rows[:1]      # one seed: no row over seeds
+
+
+def test_seed_paired_table_pairs_runs_of_the_same_seed_on_the_same_goals():
+    """EMPO2 vs GRPO as the README reports it: seed 0 +30 points (6 vs 3 of 10 goals, listed in another
+    order), seed 1 0 points; the seed-2 runs played other goals (left out, counted), GRPO seed 3 has no
+    EMPO2 partner. Over seeds: +15 with a t-interval at 1 degree of freedom; ratio sqrt(2 * 1)."""
+    won = lambda k, ids: [{"task_id": f"g{i}", "reward": float(i < k), "won": float(i < k)} for i in ids]  # noqa: E731
+    run = lambda name, seed, eps: {"name": name, "seed": seed, "main": {"episodes": eps}}  # noqa: E731
+    empo2 = [run("e-s0", 0, won(6, range(10))), run("e-s1", 1, won(4, range(10))), run("e-s2", 2, won(5, range(10)))]
+    grpo = [run("g-s0", 0, won(3, reversed(range(10)))), run("g-s1", 1, won(4, range(10))),
+            run("g-s2", 2, won(5, range(10, 20))), run("g-s3", 3, won(9, range(10)))]
+    never = [run("n-s0", 0, won(0, range(10)))]
+    lines = evaluate.seed_paired_table([empo2, grpo, never])
+    rows = {line.split("|")[1].strip() + "/" + line.split("|")[2].strip(): line for line in lines if line.startswith("| ")}
+    half = 12.706 * 30 / 2 ** 0.5 / 2 ** 0.5                 # sd of (30, 0) = 30 / sqrt(2); n = 2
+    summary = rows["g (4 seeds)/2 (1 other goals: left out)"]
+    assert f"| +15.0 [{15 - half:+.1f}, {15 + half:+.1f}]; 1 of 2 > 0 |" in summary
+    assert "| 1.41 [" in summary
+    # paired by goal no goal got worse, so no resample falls below 0 (lined up by position, 3 goals would)
+    assert "| e-s0 vs g-s0 | 10 | 60.0 | 30.0 | +30.0 [+0.0, " in rows["g (4 seeds)/0"]
+    assert "| +0.0 [+0.0, +0.0] |" in rows["g (4 seeds)/1"] and "g (4 seeds)/2" not in rows and "g (4 seeds)/3" not in rows
+    assert rows["n-s0/1"].rstrip().endswith("| +60.0 (n = 1: no interval) | – |")   # one seed; its run won nothing
+    assert evaluate.seed_paired_table([empo2]) == []
 
 
 def test_sweep_pairs_validation_goals_and_reports_the_worst_valid_rate(tmp_path, capsys):

@@ -123,6 +123,16 @@ def test_kl_to_reference_is_zero_where_the_policies_agree_and_positive_elsewhere
     assert kl_to_reference(torch.tensor([-1.0]), torch.tensor([-0.3])).item() == pytest.approx(math.exp(0.7) - 0.7 - 1)
 
 
+def test_the_penalty_caps_a_far_off_token_but_the_probe_diagnostic_does_not():
+    """kl_to_reference (a loss term) caps each token at 10; k3 itself (what probe_kl logs) shows a
+    collapse at full size: d = 5 gives e^5 - 6 = 142.4."""
+    from empo2 import k3, kl_to_reference
+    assert kl_to_reference(torch.tensor([-6.0]), torch.tensor([-1.0])).item() == pytest.approx(10.0)
+    assert k3(torch.tensor([5.0])).item() == pytest.approx(math.exp(5) - 6)
+    d = torch.linspace(-3, 3, 13)
+    assert bool((k3(d) >= 0).all()) and k3(torch.zeros(1)).item() == 0.0
+
+
 def test_paired_difference_pairs_by_goal_not_by_position():
     from evaluate import paired_goal_difference
     before = [{"task_id": "a", "won": 0}, {"task_id": "b", "won": 1}, {"task_id": "c", "won": 0}]
