@@ -593,7 +593,7 @@ def seed_paired_table(groups: list[list[dict]]) -> list[str]:
         else:
             m, h = t_interval(log_ratios)
             ratio = f"{math.exp(m):.2f} [{math.exp(m - h):.2f}, {math.exp(m + h):.2f}]"
-        summary.append(f"| {label} | {n}{f' ({unmatched} other goals: left out)' if unmatched else ''} | {over(diffs['reward'])} "
+        summary.append(f"| {label} | {n}{f' ({unmatched} on other goals: left out)' if unmatched else ''} | {over(diffs['reward'])} "
                        f"| {over(diffs['won'])} | {ratio} |")
     if not summary:
         return []

@@ -415,7 +415,7 @@ def test_seed_paired_table_pairs_runs_of_the_same_seed_on_the_same_goals():
     lines = evaluate.seed_paired_table([empo2, grpo, never])
     rows = {line.split("|")[1].strip() + "/" + line.split("|")[2].strip(): line for line in lines if line.startswith("| ")}
     half = 12.706 * 30 / 2 ** 0.5 / 2 ** 0.5                 # sd of (30, 0) = 30 / sqrt(2); n = 2
-    summary = rows["g (4 seeds)/2 (1 other goals: left out)"]
+    summary = rows["g (4 seeds)/2 (1 on other goals: left out)"]
     assert f"| +15.0 [{15 - half:+.1f}, {15 + half:+.1f}]; 1 of 2 > 0 |" in summary
     assert "| 1.41 [" in summary
     # paired by goal no goal got worse, so no resample falls below 0 (lined up by position, 3 goals would)
