@@ -402,6 +402,16 @@ def fmt_t(values, digits: int = 1, signed: bool = False) -> str:
     return f"{mean:{sign}.{digits}f} ± {half:.{digits}f}"
 
 
+def fmt_differences_over_seeds(values) -> str:
+    """Per-seed differences (NaN dropped) as 'mean [low, high]; k of n > 0' with the 95 % t-interval
+    across seeds; one value: fmt_t's no-interval form."""
+    values = [v for v in values if not math.isnan(v)]
+    mean, half = t_interval(values)
+    if len(values) < 2:
+        return fmt_t(values, signed=True)
+    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]; {sum(v > 0 for v in values)} of {len(values)} > 0"
+
+
 def ratio_ci95(num: list[list[float]], den: list[list[float]], draws: int = 5000, seed: int = 0,
                paired: bool = False) -> dict:
     """Ratio and difference of mean episode scores, group `num` vs group `den`, each a list of runs
@@ -582,19 +592,13 @@ def seed_paired_table(groups: list[list[dict]]) -> list[str]:
         n = len(diffs["won"])
         if n == 0:
             continue
-
-        def over(values):
-            mean, half = t_interval(values)
-            if n < 2:
-                return f"{mean:+.1f} (n = 1: no interval)"
-            return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]; {sum(v > 0 for v in values)} of {n} > 0"
         if n < 2 or any(math.isnan(x) for x in log_ratios):
-            ratio = "–" if any(math.isnan(x) for x in log_ratios) else f"{math.exp(log_ratios[0]):.2f} (n = 1: no interval)"
+            ratio = "–" if any(math.isnan(x) for x in log_ratios) else f"{math.exp(log_ratios[0]):.2f} (n=1, no interval)"
         else:
             m, h = t_interval(log_ratios)
             ratio = f"{math.exp(m):.2f} [{math.exp(m - h):.2f}, {math.exp(m + h):.2f}]"
-        summary.append(f"| {label} | {n}{f' ({unmatched} on other goals: left out)' if unmatched else ''} | {over(diffs['reward'])} "
-                       f"| {over(diffs['won'])} | {ratio} |")
+        summary.append(f"| {label} | {n}{f' ({unmatched} on other goals: left out)' if unmatched else ''} | {fmt_differences_over_seeds(diffs['reward'])} "
+                       f"| {fmt_differences_over_seeds(diffs['won'])} | {ratio} |")
     if not summary:
         return []
     return ["", f"Paired by seed: {group_label(groups[0])} minus each other group, run against run of the same seed on "
@@ -622,8 +626,8 @@ def memory_table(runs: list[dict]) -> list[str]:
 
         def pooled(mode, counts):   # per-iteration success rates weighted by that iteration's episodes
             pairs = [(x[f"charts/success_{mode}"], c * size) for x, c in zip(rows, counts) if c and x.get(f"charts/success_{mode}") is not None]
-            n = sum(k for _, k in pairs)
-            return f"{sum(v * k for v, k in pairs):.0f}/{n} = {100 * sum(v * k for v, k in pairs) / n:.0f} %" if n else "–"
+            n, won = sum(k for _, k in pairs), sum(v * k for v, k in pairs)
+            return f"{won:.0f}/{n} = {100 * won / n:.0f} %" if n else "–"
         memory = [x.get("modes/on_policy_tips", 0) + x.get("modes/off_policy", 0) for x in rows]
         lines.append(f"| {r['name']} | {sum(groups.values())} | {sum(memory)} | {groups['off_policy']} "
                      f"| {sum(x.get('memory/episodes_with_tips', 0) for x in rows)} | {pooled('memory', memory)} "
@@ -723,14 +727,9 @@ def seed_rows(label: str, runs: list[dict]) -> list[str]:
                     f"| {ws['success_rate']:.1f} | {tr['success_rate']:.1f} | {diff(dw)} | "
                     + ("–" if math.isnan(valid) else f"{valid:.1f}") + " |")
     if len(runs) > 1:
-        def over(values):
-            values = [v for v in values if not math.isnan(v)]
-            mean, half = t_interval(values)
-            if len(values) < 2:
-                return fmt_t(values, signed=True)
-            return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]; {sum(v > 0 for v in values)} of {len(values)} > 0"
         rows.append(f"| {label} | over seeds (n = {len(runs)}) | {fmt_t(cols['ws_score'])} | {fmt_t(cols['tr_score'])} "
-                    f"| {over(cols['d_score'])} | {fmt_t(cols['ws_won'])} | {fmt_t(cols['tr_won'])} | {over(cols['d_won'])} "
+                    f"| {fmt_differences_over_seeds(cols['d_score'])} | {fmt_t(cols['ws_won'])} | {fmt_t(cols['tr_won'])} "
+                    f"| {fmt_differences_over_seeds(cols['d_won'])} "
                     f"| {fmt_t([v for v in cols['valid'] if not math.isnan(v)])} |")
     return rows
 

@@ -421,7 +421,7 @@ def test_seed_paired_table_pairs_runs_of_the_same_seed_on_the_same_goals():
     # paired by goal no goal got worse, so no resample falls below 0 (lined up by position, 3 goals would)
     assert "| e-s0 vs g-s0 | 10 | 60.0 | 30.0 | +30.0 [+0.0, " in rows["g (4 seeds)/0"]
     assert "| +0.0 [+0.0, +0.0] |" in rows["g (4 seeds)/1"] and "g (4 seeds)/2" not in rows and "g (4 seeds)/3" not in rows
-    assert rows["n-s0/1"].rstrip().endswith("| +60.0 (n = 1: no interval) | – |")   # one seed; its run won nothing
+    assert rows["n-s0/1"].rstrip().endswith("| +60.0 (n=1, no interval) | – |")   # one seed; its run won nothing
     assert evaluate.seed_paired_table([empo2]) == []
 
 
