@@ -547,6 +547,38 @@ def tip_quality(trajs: list[Trajectory]) -> dict:
             "memory/tip_words": float(np.mean([len(tr.tip.split()) for tr in tipped]))}
 
 
+def tip_information(env_name: str, tips: list[tuple], seed: int = 0, make_kwargs: dict | None = None,
+                    split: str = "train") -> dict:
+    """What the tips say, apart from whether the policy can read them: envs/tips.py's scripted follower
+    (goal-blind, as the warm start's memory-mode demonstrator) plays each tip's task once, shown only that
+    tip as a memory rollout shows it, and the random walker (the warm start's demonstrator) plays the same
+    task with the same random seed. Success of each over the tips; {} where the env has no follower.
+    tips: (task, tip text, score of the episode that wrote it), in a fixed order, tasks of SPLIT; seed: e.g.
+    the iteration."""
+    import random
+
+    from envs.tips import FOLLOWERS
+    if env_name not in FOLLOWERS or not tips:
+        return {}
+    walker = envs.demonstrator(env_name)
+    env = envs.make(env_name, split=split, seed=seed, **(make_kwargs or {}))
+
+    def won(task, act, rng) -> bool:
+        obs, _ = env.reset(task)
+        done, info = False, {}
+        while not done:
+            obs, _, done, info = env.step(act(obs, rng))
+        return bool(info.get("won", False))
+    try:
+        followed = [won(task, FOLLOWERS[env_name]([f"{' '.join(tip.split())} (score: {score:.2f})"]),
+                        random.Random(seed * 100_003 + k))
+                    for k, (task, tip, score) in enumerate(tips)]
+        walked = [won(task, walker, random.Random(seed * 100_003 + k)) for k, (task, _, _) in enumerate(tips)]
+    finally:
+        env.close()
+    return {"memory/tip_follow_success": float(np.mean(followed)), "memory/walk_success": float(np.mean(walked))}
+
+
 def store_tips(memory, embedder, trajs: list[Trajectory], tips_from: list[Trajectory] | None = None) -> int:
     """Tip text + final score, keyed by the embedding of the episode's first observation.
 

@@ -54,9 +54,9 @@ from scipy import stats
 
 import envs
 from empo2 import (MEMORY, NO_UPDATE, Config, add_config_flags, episode_record, episode_stats, eval_subset, evaluate_policy, reflect,
-                   rollout, store_tips)
+                   rollout, store_tips, tip_information)
 from memory import Embedder, TipMemory
-from runs import RENAMED_METRICS, read_metrics
+from runs import RENAMED_METRICS, read_metrics, read_sample_tips
 from utils import json_safe, replace_atomically, write_atomically
 
 SPLITS = ("val", "test", "ood")
@@ -257,9 +257,14 @@ def evaluate(parser, args) -> Path:
                            "memory_top_k": cfg.memory_top_k},
               **episode_stats(records)}
     result["trials"] = []
+    by_id = {t.task_id: t for t in tasks}
     for k in range(1, args.trials + 1):
         rows = [r for r in records if r["trial"] == k]
         result["trials"].append({"trial": k, **episode_stats(rows), "episodes_with_tips": sum(r.get("tips_seen", False) for r in rows)})
+        if memory_on:   # what this trial's tips would tell a perfect reader (empo2.tip_information)
+            told = tip_information(cfg.env, [(by_id[r["task_id"]], r["tip"], r["reward"]) for r in rows if r["tip"]], k,
+                                   make_kwargs, args.split)
+            result["trials"][-1].update({key.split("/")[1]: 100 * v for key, v in told.items()})
     first, last = result["trials"][0]["score"], result["trials"][-1]["score"]
     result["gain_pct"] = 100 * (last - first) / first if args.trials > 1 and first > 0 else None
     result["per_task"] = []
@@ -611,11 +616,31 @@ def seed_paired_table(groups: list[list[dict]]) -> list[str]:
             "| success difference, paired |", "|---|---|---|---|---|---|---|---|", *per_seed]
 
 
+def tips_carried(run: dict) -> str:
+    """Table cells "follower % | walk %": empo2.tip_information over the tips in the run's samples/, with
+    the seeds training used (the iteration), pooled over the tips; "– | –" without tips or a follower."""
+    tips = read_sample_tips(run["path"]) if run["config"] else []
+    if not tips:
+        return "– | –"
+    cfg = run["config"]
+    make_kwargs, task_kwargs = envs.settings(run["env"], cfg.get("max_steps", 0), cfg.get("task_names", ""))
+    by_id = {t.task_id: t for t in envs.tasks(run["env"], "train", **task_kwargs)}
+    iterations = sorted({it for it, *_ in tips})
+    info = [tip_information(run["env"], [(by_id[i], tip, ret) for it, i, ret, tip in tips if it == j], j, make_kwargs)
+            for j in iterations]
+    if not info[0]:
+        return "– | –"
+    n = [sum(it == j for it, *_ in tips) for j in iterations]
+    pooled = [sum(x[k] * c for x, c in zip(info, n)) / sum(n) for k in ("memory/tip_follow_success", "memory/walk_success")]
+    return f"{100 * pooled[0]:.0f} % | {100 * pooled[1]:.0f} %"
+
+
 def memory_table(runs: list[dict]) -> list[str]:
     """What memory did during training, per run, from metrics.jsonl: groups drawn in memory mode (p), of
     them trained off-policy (the tips removed: only groups whose episodes saw tips), episodes that saw a
-    tip, success of memory-mode vs plain rollouts pooled over the run, and the largest share of
-    off-policy tokens masked. For GRPO (p = 0) every group is plain."""
+    tip, success of memory-mode vs plain rollouts pooled over the run, the largest share of off-policy tokens
+    masked, and what the run's tips carry (empo2.tip_information on the tips in samples/: a scripted
+    follower shown one tip, against a random walk, on that tip's task). For GRPO (p = 0) every group is plain."""
     lines = []
     for r in runs:
         rows = [x for x in r["metrics"] if "modes/plain" in x]
@@ -632,14 +657,17 @@ def memory_table(runs: list[dict]) -> list[str]:
         lines.append(f"| {r['name']} | {sum(groups.values())} | {sum(memory)} | {groups['off_policy']} "
                      f"| {sum(x.get('memory/episodes_with_tips', 0) for x in rows)} | {pooled('memory', memory)} "
                      f"| {pooled('plain', [x['modes/plain'] for x in rows])} "
-                     f"| {max(x.get('losses/masked_frac', 0.0) for x in rows):.2f} |")
+                     f"| {max(x.get('losses/masked_frac', 0.0) for x in rows):.2f} | {tips_carried(r)} |")
     if not lines:
         return []
     return ["", "Memory during training (metrics.jsonl; a memory group whose task has no tip yet trains on-policy; "
-            "success pooled over the run's iterations):", "",
+            "success pooled over the run's iterations; the last two columns: what the tips in samples/ tell a reader "
+            "that follows them perfectly, each tip's task played once by envs/tips.py's goal-blind follower shown that "
+            "tip and once by a random walk with the same seed, training tasks):", "",
             "| run | groups | memory-mode groups | of them trained off-policy | episodes that saw a tip "
-            "| success, memory-mode rollouts | success, plain rollouts | off-policy tokens masked, max |",
-            "|---|---|---|---|---|---|---|---|", *lines]
+            "| success, memory-mode rollouts | success, plain rollouts | off-policy tokens masked, max "
+            "| a scripted follower shown one of its tips | a random walk, same tasks |",
+            "|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 
 def stages_table(groups: list[list[dict]]) -> list[str]:
@@ -868,16 +896,18 @@ def adaptation_with_control(parser, args) -> int:
 
 
 def adaptation_table(off: dict, on: dict, shuffled: dict | None = None) -> str:
-    """Markdown: success and score per trial with memory on and off (and with shuffled tips), and the paired
-    differences at the last trial."""
+    """Markdown: success and score per trial with memory on and off (and with shuffled tips), what the tips
+    written in each memory-on trial tell a scripted follower (empo2.tip_information, its own seed; evaluations
+    made before it existed show –), and the paired differences at the last trial."""
     cols = ["memory on", "memory off"] + (["shuffled tips"] if shuffled else [])
     runs = [on, off] + ([shuffled] if shuffled else [])
     lines = ["| trial | " + " | ".join(f"success, {c}" for c in cols) + " | " + " | ".join(f"score, {c}" for c in cols)
-             + " | episodes with tips |", "|---|" + "---|" * (2 * len(cols) + 1)]
+             + " | episodes with tips | its tips: a scripted follower / a random walk |", "|---|" + "---|" * (2 * len(cols) + 2)]
     for k, a in enumerate(on["trials"]):
         rows = [r["trials"][k] for r in runs]
+        told = f"{a['tip_follow_success']:.0f} % / {a['walk_success']:.0f} %" if "tip_follow_success" in a else "–"
         lines.append(f"| {a['trial']} | " + " | ".join(fmt_ci(r['success_rate'], r['success_ci95']) for r in rows) + " | "
-                     + " | ".join(fmt_ci(r['score'], r['score_ci95']) for r in rows) + f" | {a['episodes_with_tips']} |")
+                     + " | ".join(fmt_ci(r['score'], r['score_ci95']) for r in rows) + f" | {a['episodes_with_tips']} | {told} |")
     last = on["trials"][-1]["trial"]
     at = lambda result, k: [e for e in result["episodes"] if e["trial"] == k]
     vs_off = paired_goal_difference(at(off, last), at(on, last), "won")

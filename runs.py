@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -132,8 +133,20 @@ def write_sample(run: Path, iteration: int, trajs) -> None:
             lines += ["tips shown:"] + [f"  - {t}" for t in step["tips"]]
         lines += [f"action: {step.get('action', '')!r}  (valid={step.get('valid')}, reward={step.get('reward')})"]
     lines += ["", f"final observation: {tr.final_obs}", "", "# tips written this iteration"]
-    lines += [f"- [{t.task.task_id}, return {t.ext_return:.2f}] {t.tip}" for t in trajs if t.tip]
+    lines += [f"- [{t.task.task_id}, return {t.ext_return:.2f}] {' '.join(t.tip.split())}" for t in trajs if t.tip]
     write_atomically(run / "samples" / f"iter_{iteration:04d}.txt", "\n".join(lines) + "\n")
+
+
+def read_sample_tips(run: Path) -> list[tuple[int, str, float, str]]:
+    """Every tip write_sample recorded: (iteration, task_id, return of its episode, tip), in order."""
+    out = []
+    for path in sorted((run / "samples").glob("iter_*.txt")):
+        it = int(path.stem.removeprefix("iter_"))
+        text = path.read_text()
+        section = text[text.index("# tips written this iteration"):] if "# tips written this iteration" in text else ""
+        out += [(it, task_id, float(ret), tip) for task_id, ret, tip in
+                re.findall(r"^- \[(\S+), return (-?[\d.]+)\] (.*)$", section, re.M)]
+    return out
 
 
 def plot_learning_curve(run: Path, rows: list[dict]) -> None:

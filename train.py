@@ -32,8 +32,8 @@ import torch
 
 import envs
 from empo2 import (MEMORY, PLAIN, Config, add_config_flags, episode_returns, eval_subset, evaluate_policy, grpo_advantages,
-                   intrinsic_rewards, make_probe, probe_kl, reflect, rollout, sample_modes, store_tips, tip_quality,
-                   update_policy)
+                   intrinsic_rewards, make_probe, probe_kl, reflect, rollout, sample_modes, store_tips, tip_information,
+                   tip_quality, update_policy)
 from memory import Embedder
 from runs import MetricsLog, cached_evaluation, open_run, print_eval, resume_state, save_adapter, save_iteration
 from utils import json_safe, write_atomically
@@ -92,6 +92,8 @@ def iteration_metrics(it: int, trajs, returns: torch.Tensor, cfg: Config, memory
             # memory-mode vs plain rollouts of the same iteration: does reading tips help?
             "charts/success_plain": mean_in_mode("won", PLAIN), "charts/success_memory": mean_in_mode("won", MEMORY),
             "memory/episodes_with_tips": int(sum(tr.has_tips for tr in trajs)), **tip_quality(trajs),
+            **tip_information(cfg.env, [(tr.task, tr.tip, tr.ext_return) for tr in trajs if tr.tip], it,
+                              envs.settings(cfg.env, cfg.max_steps, cfg.task_names)[0]),
             "memory/size": len(memory), "novelty/states": len(novelty), **stats}
 
 

@@ -81,12 +81,14 @@ def demonstrations(policy, cfg, make_kwargs: dict | None = None) -> list[Traject
 
 def tip_demonstration(policy, tr: Trajectory, cfg) -> Trajectory:
     """The reflection step (docs/algorithm.md, step 3) as a demonstration: the episode and the reflection
-    prompt as context, the scripted tip (written only from what the episode saw) as the action cloned."""
-    tip = scripted_tip(cfg.env, tr.transcript, tr.final_obs, tr.ext_return)
+    prompt as context, the scripted tip (written only from what the episode saw) as the action cloned.
+    Its .tip is the text cloned."""
+    # cut to what a reflection can write (cfg.tip_max_new_tokens with its end-of-turn token): the policy
+    # learns no longer tips, and memory_demonstrations shows this cut tip, the most a self-written tip holds
+    tip_ids = policy.encode(scripted_tip(cfg.env, tr.transcript, tr.final_obs, tr.ext_return))[:cfg.tip_max_new_tokens - 1]
     out = Trajectory(task=tr.task, group=0, rollout_mode=PLAIN, update_mode=ON_POLICY, first_obs=tr.first_obs,
-                     tip=tip)
-    out.segments = [("context", reflection_prompt(policy, tr, cfg)),
-                    ("action", policy.encode(tip)[:cfg.tip_max_new_tokens - 1] + [policy.end_of_turn_id])]
+                     tip=policy.decode(tip_ids).strip())
+    out.segments = [("context", reflection_prompt(policy, tr, cfg)), ("action", tip_ids + [policy.end_of_turn_id])]
     return out
 
 

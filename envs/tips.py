@@ -16,11 +16,14 @@ import re
 from envs import valid_actions_of
 
 ROOM_RE = re.compile(r"You are in the (\w+)\. You see: (.*?)\. Doors lead to: (.*?)\.")
+# the order of a rooms tip's sentences, most useful to a reader first ("behind": rooms-far only)
+ORDER = ("score", "next", "behind", "saw", "went", "tried")
 
 
-def rooms_tip(transcript: list[dict], final_obs: str, score: float) -> str:
-    """Rooms visited in order, the coloured objects seen in each, the rooms never entered, what was
-    tried on which object, and the score."""
+def rooms_facts(transcript: list[dict], final_obs: str, score: float) -> dict[str, str]:
+    """The sentences of a rooms tip by what they say: "score", "went" (rooms visited in order), "saw"
+    (the coloured objects seen in each), "tried" (what was tried on which object) and "next" (where the
+    goal was done, or the rooms never entered); a sentence with nothing to say is left out."""
     visited, found, doors, tried, room = [], {}, [], [], None
     for step, obs in zip([*transcript, {}], [s["observation"] for s in transcript] + [final_obs]):
         for room, objects, exits in ROOM_RE.findall(obs):   # room: where the next action is taken
@@ -34,20 +37,28 @@ def rooms_tip(transcript: list[dict], final_obs: str, score: float) -> str:
         action = step.get("action", "")
         if step.get("valid") and action and not action.startswith(("go to", "look around")):
             tried.append(f"{action} in the {room}" if room else action)
-    parts = [f"Score {score:.2f}."]
+    facts = {"score": f"Score {score:.2f}."}
     if visited:
-        parts.append("Went to " + ", ".join(visited) + ".")
+        facts["went"] = "Went to " + ", ".join(visited) + "."
     seen = [f"{o} in the {room}" for room, objs in found.items() for o in objs]
     if seen:
-        parts.append("Saw " + "; ".join(seen) + ".")
+        facts["saw"] = "Saw " + "; ".join(seen) + "."
     if tried:
-        parts.append("Tried " + "; ".join(dict.fromkeys(tried)) + ".")
+        facts["tried"] = "Tried " + "; ".join(dict.fromkeys(tried)) + "."
     unexplored = [d for d in doors if d not in visited]
     if score >= 1.0:
-        parts.append(f"Done in the {visited[-1]}: go there directly." if visited else "Done.")
+        facts["next"] = f"Done in the {visited[-1]}: go there directly." if visited else "Done."
     elif unexplored:
-        parts.append("Never entered " + ", ".join(unexplored) + ": look there next.")
-    return " ".join(parts)
+        facts["next"] = "Never entered " + ", ".join(unexplored) + ": look there next."
+    return facts
+
+
+def rooms_tip(transcript: list[dict], final_obs: str, score: float) -> str:
+    """rooms_facts, most useful first (a tip the policy writes stops at cfg.tip_max_new_tokens): the score,
+    where the goal was done or which rooms were never entered, what was seen where, the rooms visited in
+    order, and what was tried on which object."""
+    facts = rooms_facts(transcript, final_obs, score)
+    return " ".join(facts[k] for k in ORDER if k in facts)
 
 
 def webshop_tip(transcript: list[dict], final_obs: str, score: float) -> str:
@@ -84,8 +95,12 @@ def webshop_tip(transcript: list[dict], final_obs: str, score: float) -> str:
 
 
 def rooms_far_tip(transcript: list[dict], final_obs: str, score: float) -> str:
-    """rooms_tip, plus which room lies behind which: in rooms-far a back room opens only from its side
-    room, and the doors of every room the episode entered say which ("the cellar is behind the garden")."""
+    """rooms_tip plus which room lies behind which (in rooms-far a back room opens only from its side
+    room; the doors of every room the episode entered say which), most useful first: a tip the policy
+    writes stops at cfg.tip_max_new_tokens, and a rooms-far episode's full tip is often longer (its
+    median is about 66 tokens of the default model, the budget 63), so where the goal was done or what
+    is left to explore, then the way to the back rooms and what was seen come before the walk and the
+    attempts that a cut may drop."""
     behind = {}
     for obs in [s["observation"] for s in transcript] + [final_obs]:
         for room, _, exits in ROOM_RE.findall(obs):
@@ -93,8 +108,10 @@ def rooms_far_tip(transcript: list[dict], final_obs: str, score: float) -> str:
                 behind.update({door: room for door in exits.split(", ") if door != "hallway"})
             elif room != "hallway":                                    # a back room: its only door is its side room
                 behind.update({room: door for door in exits.split(", ")})
-    tip = rooms_tip(transcript, final_obs, score)
-    return tip + "".join(f" The {back} is behind the {side}." for back, side in behind.items())
+    facts = rooms_facts(transcript, final_obs, score)
+    if behind:
+        facts["behind"] = "Back rooms: " + ", ".join(f"{back} behind the {side}" for back, side in behind.items()) + "."
+    return " ".join(facts[k] for k in ORDER if k in facts)
 
 
 WRITERS = {"rooms": rooms_tip, "webshop-mini": webshop_tip, "rooms-far": rooms_far_tip}
@@ -161,7 +178,7 @@ class RoomsFarTipFollower(RoomsTipFollower):
 
     def __init__(self, tips: list[str]):
         super().__init__(tips)
-        self.front = dict(re.findall(r"The (\w+) is behind the (\w+)\.", " ".join(tips)))
+        self.front = dict(re.findall(r"(\w+) behind the (\w+)", " ".join(tips)))
 
     def toward(self, room: str, here: str | None, valid: list[str]) -> str | None:
         front = self.front.get(room)

@@ -12,6 +12,7 @@ from empo2 import eval_subset
 import evaluate
 import train
 from memory import TipMemory
+from runs import read_sample_tips
 
 TINY = ["--episodes", "2", "--max-steps", "2", "--max-new-tokens", "4", "--tip-max-new-tokens", "4"]
 
@@ -116,6 +117,14 @@ def test_adaptation_writes_tips_and_never_changes_weights(run_dir, eval_off):
     for t in res["per_task"]:
         assert len(t["tips"]) == 2 and all(t["tips"]) and len(t["trial_scores"]) == 2
         assert memory.tips[t["task_id"]][0].startswith(t["tips"][0])  # stored text = tip + "(score: ...)"
+    # each trial's tips, read by the scripted follower with the trial as seed, on the evaluated split's tasks
+    from empo2 import tip_information
+    by_id = {t.task_id: t for t in envs.tasks("rooms", "test")}
+    for t in res["trials"]:
+        told = tip_information("rooms", [(by_id[e["task_id"]], e["tip"], e["reward"]) for e in res["episodes"]
+                                         if e["trial"] == t["trial"] and e["tip"]], t["trial"], {"max_steps": 2}, "test")
+        assert (t["tip_follow_success"], t["walk_success"]) == (100 * told["memory/tip_follow_success"],
+                                                                100 * told["memory/walk_success"])
 
 
 def test_the_memory_off_control_runs_the_same_goals_and_seed_side_by_side(run_dir, eval_off, capsys):
@@ -128,6 +137,7 @@ def test_the_memory_off_control_runs_the_same_goals_and_seed_side_by_side(run_di
     assert all(t["episodes_with_tips"] == 0 for t in off["trials"]) and on["trials"][1]["episodes_with_tips"] == 2
     text = capsys.readouterr().out
     assert "| trial | success, memory on | success, memory off |" in text and "memory on − memory off" in text
+    assert "its tips: a scripted follower / a random walk |" in text and all("tip_follow_success" not in t for t in off["trials"])
 
 
 def test_shuffled_tips_give_each_task_another_tasks_tip_where_its_own_would_be(run_dir, eval_off, capsys):
@@ -231,6 +241,12 @@ def test_compare_table_and_png(run_dir, eval_off, tmp_path):
     modes = {k: sum(m[f"modes/{k}"] for m in metrics) for k in ("plain", "on_policy_tips", "off_policy")}
     assert cells[2:6] == [str(sum(modes.values())), str(modes["on_policy_tips"] + modes["off_policy"]),
                           str(modes["off_policy"]), str(sum(m["memory/episodes_with_tips"] for m in metrics))]
+    # what the tips carry, recomputed from samples/ with training's seeds: the metrics' values, pooled over tips
+    tips = read_sample_tips(run_dir)
+    n = [sum(it == m["iteration"] for it, *_ in tips) for m in metrics]
+    assert sum(n) == len(tips) > 0
+    pooled = [sum(m[k] * c for m, c in zip(metrics, n) if c) / sum(n) for k in ("memory/tip_follow_success", "memory/walk_success")]
+    assert cells[-3:-1] == [f"{100 * pooled[0]:.0f} %", f"{100 * pooled[1]:.0f} %"]
     # one seed per algorithm is still compared: the ratio row and the stages of groups of one
     one = tmp_path / "cmp" / "one_seed.md"
     assert evaluate.main(["--compare", str(a), str(d), "--out", str(one)]) == 0

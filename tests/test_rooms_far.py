@@ -1,9 +1,11 @@
 """rooms-far: the goal three doors away, rarely found by a random walk; tips that say where it is help."""
 import random
+import re
 
 import pytest
 
 import envs
+from empo2 import Config
 from envs.rooms_far import RoomsFarTask, _signature, oracle_actions
 from envs.tips import FOLLOWERS, scripted_tip
 
@@ -71,10 +73,41 @@ def test_a_tip_says_what_lies_behind_which_door_and_the_follower_goes_there():
         transcript, final, score, _ = play(name, task, lambda obs, rng, it=iter(oracle_actions(task)): next(it), k)
         tip = scripted_tip(name, transcript, final, score)
         front = {back: side for side, back in task.behind}[task.target_room]
-        assert f"Done in the {task.target_room}" in tip and f"The {task.target_room} is behind the {front}." in tip
+        assert f"Done in the {task.target_room}" in tip and f"{task.target_room} behind the {front}" in tip
         assert play(name, task, follower([tip]), k)[2:] == (1.0, 4)
 
     def with_walk_tip(task, k):
         return follower([scripted_tip(name, *play(name, task, envs.demonstrator(name), 7 + k)[:3])])
     walk = lambda task, k: envs.demonstrator(name)   # noqa: E731
     assert success_rate(name, "val", with_walk_tip) >= 3 * max(success_rate(name, "val", walk), 0.05)
+
+
+def test_the_facts_a_follower_needs_survive_the_cut_to_a_self_written_tips_length(tiny_policy):
+    """A reflection stops at cfg.tip_max_new_tokens and the warm start clones tips cut there, so where the
+    goal was done or what is left to explore, and the way to the back rooms, come first: over random
+    walks on the validation layouts every such sentence is still whole after the cut (with the walk and
+    the attempts first, half the tips that had back-room sentences lost them all)."""
+    budget = Config().tip_max_new_tokens - 1
+    checked = 0
+    for k, task in enumerate(envs.tasks("rooms-far", "val")):
+        for r in range(3):
+            tip = scripted_tip("rooms-far", *play("rooms-far", task, envs.demonstrator("rooms-far"), 100 * r + k)[:3])
+            cut = tiny_policy.decode(tiny_policy.encode(tip)[:budget]).strip()
+            for sentence in re.findall(r"(?:Back rooms: |Never entered |Done in the ).*?\.", tip):
+                assert sentence in cut, (tip, cut)
+                checked += 1
+    assert checked >= 150
+
+
+def test_tip_information_tells_a_tip_that_says_where_from_noise():
+    """empo2.tip_information: a follower shown a winning episode's scripted tip goes straight to the goal;
+    shown noise (a 135M policy's early tips) it does no better than when shown nothing useful."""
+    from empo2 import tip_information
+    pool = envs.tasks("rooms-far", "train")[:20]
+    told = [(t, scripted_tip("rooms-far", *play("rooms-far", t, lambda obs, rng, it=iter(oracle_actions(t)): next(it), 0)[:3]), 1.0)
+            for t in pool]
+    good = tip_information("rooms-far", told, seed=3)
+    noise = tip_information("rooms-far", [(t, "SOLOMO, a nice thankfull snack", 0.0) for t in pool], seed=3)
+    assert good["memory/tip_follow_success"] == 1.0 and good["memory/walk_success"] <= 0.3
+    assert noise["memory/tip_follow_success"] <= 0.4 and noise["memory/walk_success"] == good["memory/walk_success"]
+    assert tip_information("scienceworld", told) == {} and tip_information("rooms-far", []) == {}

@@ -76,8 +76,12 @@ def test_the_tip_demonstration_clones_the_scripted_tip_after_the_reflection_prom
     trajs = warm_start.demonstrations(tiny_policy, cfg)
     pairs = [warm_start.tip_demonstration(tiny_policy, tr, cfg) for tr in trajs]
     for tr, pair in zip(trajs, pairs):
-        assert pair.tip == scripted_tip("rooms", tr.transcript, tr.final_obs, tr.ext_return)
+        full = scripted_tip("rooms", tr.transcript, tr.final_obs, tr.ext_return)
+        # the tip cloned is the scripted one cut to what a reflection can write, end-of-turn token included
+        budget = cfg.tip_max_new_tokens - 1
+        assert pair.tip == (full if len(tiny_policy.encode(full)) <= budget else tiny_policy.decode(tiny_policy.encode(full)[:budget]).strip())
         (ctx_kind, ctx), (act_kind, act) = pair.segments
+        assert len(act) <= cfg.tip_max_new_tokens
         assert (ctx_kind, act_kind) == ("context", "action") and act[-1] == tiny_policy.end_of_turn_id
         assert tiny_policy.decode(act).strip() == pair.tip
         assert REFLECTION_PROMPT.split(".")[0] in tiny_policy.decode(ctx)
@@ -125,12 +129,11 @@ def test_memory_demonstrations_show_the_tip_once_and_follow_it(tiny_policy):
     firsts = warm_start.demonstrations(tiny_policy, cfg)
     tips = [warm_start.tip_demonstration(tiny_policy, tr, cfg).tip for tr in firsts]
     seconds = warm_start.memory_demonstrations(tiny_policy, firsts, tips, cfg)
-    for first, second in zip(firsts, seconds):
+    for first, second, tip in zip(firsts, seconds, tips):
         assert second.task == first.task and second.rollout_mode == MEMORY
-        tips = [seg for kind, seg in second.segments if kind == "tip"]
-        assert len(tips) == 1 and tiny_policy.decode(tips[0]).startswith(TIP_HEADER)
-        assert second.transcript[0]["tips"][0].startswith(scripted_tip("rooms", first.transcript, first.final_obs,
-                                                                       first.ext_return))
+        blocks = [seg for kind, seg in second.segments if kind == "tip"]
+        assert len(blocks) == 1 and tiny_policy.decode(blocks[0]).startswith(TIP_HEADER)
+        assert second.transcript[0]["tips"][0].startswith(tip)
         assert all(step["tips"] == [] for step in second.transcript[1:])
     # following the tips pays: the second attempts win far more often than the random first ones
     assert sum(tr.won for tr in seconds) >= sum(tr.won for tr in firsts) + 4
