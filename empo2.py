@@ -550,9 +550,10 @@ def tip_quality(trajs: list[Trajectory]) -> dict:
 def tip_information(env_name: str, tips: list[tuple], seed: int = 0, make_kwargs: dict | None = None,
                     split: str = "train") -> dict:
     """What the tips say, apart from whether the policy can read them: envs/tips.py's scripted follower
-    (goal-blind, as the warm start's memory-mode demonstrator) plays each tip's task once, shown only that
-    tip as a memory rollout shows it, and the random walker (the warm start's demonstrator) plays the same
-    task with the same random seed. Success of each over the tips; {} where the env has no follower.
+    (goal-blind, as the warm start's memory-mode demonstrator) plays each tip's task once shown only that
+    tip, as a memory rollout shows it; then, with the same random seed, once shown no tip (its own habits:
+    the control for what the tip says) and the random walker (the warm start's demonstrator) once. Success
+    of each over the tips; {} where the env has no follower.
     tips: (task, tip text, score of the episode that wrote it), in a fixed order, tasks of SPLIT; seed: e.g.
     the iteration."""
     import random
@@ -573,10 +574,12 @@ def tip_information(env_name: str, tips: list[tuple], seed: int = 0, make_kwargs
         followed = [won(task, FOLLOWERS[env_name]([f"{' '.join(tip.split())} (score: {score:.2f})"]),
                         random.Random(seed * 100_003 + k))
                     for k, (task, tip, score) in enumerate(tips)]
+        blank = [won(task, FOLLOWERS[env_name]([]), random.Random(seed * 100_003 + k)) for k, (task, _, _) in enumerate(tips)]
         walked = [won(task, walker, random.Random(seed * 100_003 + k)) for k, (task, _, _) in enumerate(tips)]
     finally:
         env.close()
-    return {"memory/tip_follow_success": float(np.mean(followed)), "memory/walk_success": float(np.mean(walked))}
+    return {"memory/tip_follow_success": float(np.mean(followed)), "memory/blank_follow_success": float(np.mean(blank)),
+            "memory/walk_success": float(np.mean(walked))}
 
 
 def store_tips(memory, embedder, trajs: list[Trajectory], tips_from: list[Trajectory] | None = None) -> int:

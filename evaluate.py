@@ -616,12 +616,15 @@ def seed_paired_table(groups: list[list[dict]]) -> list[str]:
             "| success difference, paired |", "|---|---|---|---|---|---|---|---|", *per_seed]
 
 
+TIP_INFORMATION = ("memory/tip_follow_success", "memory/blank_follow_success", "memory/walk_success")
+
+
 def tips_carried(run: dict) -> str:
-    """Table cells "follower % | walk %": empo2.tip_information over the tips in the run's samples/, with
-    the seeds training used (the iteration), pooled over the tips; "– | –" without tips or a follower."""
+    """The table cell "tip / no tip / walk %": empo2.tip_information over the tips in the run's samples/, with
+    the seeds training used (the iteration), pooled over the tips; "–" without tips or a follower."""
     tips = read_sample_tips(run["path"]) if run["config"] else []
     if not tips:
-        return "– | –"
+        return "–"
     cfg = run["config"]
     make_kwargs, task_kwargs = envs.settings(run["env"], cfg.get("max_steps", 0), cfg.get("task_names", ""))
     by_id = {t.task_id: t for t in envs.tasks(run["env"], "train", **task_kwargs)}
@@ -629,10 +632,10 @@ def tips_carried(run: dict) -> str:
     info = [tip_information(run["env"], [(by_id[i], tip, ret) for it, i, ret, tip in tips if it == j], j, make_kwargs)
             for j in iterations]
     if not info[0]:
-        return "– | –"
+        return "–"
     n = [sum(it == j for it, *_ in tips) for j in iterations]
-    pooled = [sum(x[k] * c for x, c in zip(info, n)) / sum(n) for k in ("memory/tip_follow_success", "memory/walk_success")]
-    return f"{100 * pooled[0]:.0f} % | {100 * pooled[1]:.0f} %"
+    pooled = [sum(x[k] * c for x, c in zip(info, n)) / sum(n) for k in TIP_INFORMATION]
+    return " / ".join(f"{100 * v:.0f}" for v in pooled) + " %"
 
 
 def memory_table(runs: list[dict]) -> list[str]:
@@ -640,7 +643,8 @@ def memory_table(runs: list[dict]) -> list[str]:
     them trained off-policy (the tips removed: only groups whose episodes saw tips), episodes that saw a
     tip, success of memory-mode vs plain rollouts pooled over the run, the largest share of off-policy tokens
     masked, and what the run's tips carry (empo2.tip_information on the tips in samples/: a scripted
-    follower shown one tip, against a random walk, on that tip's task). For GRPO (p = 0) every group is plain."""
+    follower shown one tip, the same follower shown none, a random walk, each on that tip's task). For GRPO
+    (p = 0) every group is plain."""
     lines = []
     for r in runs:
         rows = [x for x in r["metrics"] if "modes/plain" in x]
@@ -661,13 +665,13 @@ def memory_table(runs: list[dict]) -> list[str]:
     if not lines:
         return []
     return ["", "Memory during training (metrics.jsonl; a memory group whose task has no tip yet trains on-policy; "
-            "success pooled over the run's iterations; the last two columns: what the tips in samples/ tell a reader "
+            "success pooled over the run's iterations; the last column: what the tips in samples/ tell a reader "
             "that follows them perfectly, each tip's task played once by envs/tips.py's goal-blind follower shown that "
-            "tip and once by a random walk with the same seed, training tasks):", "",
+            "tip, then with the same seed by the follower shown no tip and by a random walk, training tasks):", "",
             "| run | groups | memory-mode groups | of them trained off-policy | episodes that saw a tip "
             "| success, memory-mode rollouts | success, plain rollouts | off-policy tokens masked, max "
-            "| a scripted follower shown one of its tips | a random walk, same tasks |",
-            "|---|---|---|---|---|---|---|---|---|---|", *lines]
+            "| success of a scripted follower shown one of its tips / shown none / a random walk |",
+            "|---|---|---|---|---|---|---|---|---|", *lines]
 
 
 def stages_table(groups: list[list[dict]]) -> list[str]:
@@ -902,10 +906,12 @@ def adaptation_table(off: dict, on: dict, shuffled: dict | None = None) -> str:
     cols = ["memory on", "memory off"] + (["shuffled tips"] if shuffled else [])
     runs = [on, off] + ([shuffled] if shuffled else [])
     lines = ["| trial | " + " | ".join(f"success, {c}" for c in cols) + " | " + " | ".join(f"score, {c}" for c in cols)
-             + " | episodes with tips | its tips: a scripted follower / a random walk |", "|---|" + "---|" * (2 * len(cols) + 2)]
+             + " | episodes with tips | its tips: a scripted follower shown one / shown none / a random walk |",
+             "|---|" + "---|" * (2 * len(cols) + 2)]
     for k, a in enumerate(on["trials"]):
         rows = [r["trials"][k] for r in runs]
-        told = f"{a['tip_follow_success']:.0f} % / {a['walk_success']:.0f} %" if "tip_follow_success" in a else "–"
+        told = " / ".join(f"{a[k]:.0f}" if k in a else "–" for k in ("tip_follow_success", "blank_follow_success",
+                                                                      "walk_success")) + " %" if "tip_follow_success" in a else "–"
         lines.append(f"| {a['trial']} | " + " | ".join(fmt_ci(r['success_rate'], r['success_ci95']) for r in rows) + " | "
                      + " | ".join(fmt_ci(r['score'], r['score_ci95']) for r in rows) + f" | {a['episodes_with_tips']} | {told} |")
     last = on["trials"][-1]["trial"]

@@ -178,7 +178,8 @@ class RoomsFarTipFollower(RoomsTipFollower):
 
     def __init__(self, tips: list[str]):
         super().__init__(tips)
-        self.front = dict(re.findall(r"(\w+) behind the (\w+)", " ".join(tips)))
+        # "Back rooms: cellar behind the garden, ..."; tips written before that form say "The cellar is behind the garden."
+        self.front = dict(re.findall(r"(\w+) (?:is )?behind the (\w+)", " ".join(tips)))
 
     def toward(self, room: str, here: str | None, valid: list[str]) -> str | None:
         front = self.front.get(room)

@@ -123,8 +123,7 @@ def test_adaptation_writes_tips_and_never_changes_weights(run_dir, eval_off):
     for t in res["trials"]:
         told = tip_information("rooms", [(by_id[e["task_id"]], e["tip"], e["reward"]) for e in res["episodes"]
                                          if e["trial"] == t["trial"] and e["tip"]], t["trial"], {"max_steps": 2}, "test")
-        assert (t["tip_follow_success"], t["walk_success"]) == (100 * told["memory/tip_follow_success"],
-                                                                100 * told["memory/walk_success"])
+        assert [t[k.split("/")[1]] for k in evaluate.TIP_INFORMATION] == [100 * told[k] for k in evaluate.TIP_INFORMATION]
 
 
 def test_the_memory_off_control_runs_the_same_goals_and_seed_side_by_side(run_dir, eval_off, capsys):
@@ -137,7 +136,7 @@ def test_the_memory_off_control_runs_the_same_goals_and_seed_side_by_side(run_di
     assert all(t["episodes_with_tips"] == 0 for t in off["trials"]) and on["trials"][1]["episodes_with_tips"] == 2
     text = capsys.readouterr().out
     assert "| trial | success, memory on | success, memory off |" in text and "memory on − memory off" in text
-    assert "its tips: a scripted follower / a random walk |" in text and all("tip_follow_success" not in t for t in off["trials"])
+    assert "its tips: a scripted follower shown one / shown none / a random walk |" in text and all("tip_follow_success" not in t for t in off["trials"])
 
 
 def test_shuffled_tips_give_each_task_another_tasks_tip_where_its_own_would_be(run_dir, eval_off, capsys):
@@ -245,8 +244,8 @@ def test_compare_table_and_png(run_dir, eval_off, tmp_path):
     tips = read_sample_tips(run_dir)
     n = [sum(it == m["iteration"] for it, *_ in tips) for m in metrics]
     assert sum(n) == len(tips) > 0
-    pooled = [sum(m[k] * c for m, c in zip(metrics, n) if c) / sum(n) for k in ("memory/tip_follow_success", "memory/walk_success")]
-    assert cells[-3:-1] == [f"{100 * pooled[0]:.0f} %", f"{100 * pooled[1]:.0f} %"]
+    pooled = [sum(m[k] * c for m, c in zip(metrics, n) if c) / sum(n) for k in evaluate.TIP_INFORMATION]
+    assert cells[-2] == " / ".join(f"{100 * v:.0f}" for v in pooled) + " %"
     # one seed per algorithm is still compared: the ratio row and the stages of groups of one
     one = tmp_path / "cmp" / "one_seed.md"
     assert evaluate.main(["--compare", str(a), str(d), "--out", str(one)]) == 0
