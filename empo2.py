@@ -570,16 +570,15 @@ def tip_information(env_name: str, tips: list[tuple], seed: int = 0, make_kwargs
         while not done:
             obs, _, done, info = env.step(act(obs, rng))
         return bool(info.get("won", False))
+    players = {   # a fresh follower per episode: it remembers the rooms it has visited
+        "memory/tip_follow_success": lambda tip, score: FOLLOWERS[env_name]([f"{' '.join(tip.split())} (score: {score:.2f})"]),
+        "memory/blank_follow_success": lambda tip, score: FOLLOWERS[env_name]([]),
+        "memory/walk_success": lambda tip, score: walker}
     try:
-        followed = [won(task, FOLLOWERS[env_name]([f"{' '.join(tip.split())} (score: {score:.2f})"]),
-                        random.Random(seed * 100_003 + k))
-                    for k, (task, tip, score) in enumerate(tips)]
-        blank = [won(task, FOLLOWERS[env_name]([]), random.Random(seed * 100_003 + k)) for k, (task, _, _) in enumerate(tips)]
-        walked = [won(task, walker, random.Random(seed * 100_003 + k)) for k, (task, _, _) in enumerate(tips)]
+        return {key: float(np.mean([won(task, player(tip, score), random.Random(seed * 100_003 + k))
+                                    for k, (task, tip, score) in enumerate(tips)])) for key, player in players.items()}
     finally:
         env.close()
-    return {"memory/tip_follow_success": float(np.mean(followed)), "memory/blank_follow_success": float(np.mean(blank)),
-            "memory/walk_success": float(np.mean(walked))}
 
 
 def store_tips(memory, embedder, trajs: list[Trajectory], tips_from: list[Trajectory] | None = None) -> int:

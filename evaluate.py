@@ -628,13 +628,13 @@ def tips_carried(run: dict) -> str:
     cfg = run["config"]
     make_kwargs, task_kwargs = envs.settings(run["env"], cfg.get("max_steps", 0), cfg.get("task_names", ""))
     by_id = {t.task_id: t for t in envs.tasks(run["env"], "train", **task_kwargs)}
-    iterations = sorted({it for it, *_ in tips})
-    info = [tip_information(run["env"], [(by_id[i], tip, ret) for it, i, ret, tip in tips if it == j], j, make_kwargs)
-            for j in iterations]
-    if not info[0]:
+    per_iteration: dict[int, list] = {}
+    for it, task_id, ret, tip in tips:
+        per_iteration.setdefault(it, []).append((by_id[task_id], tip, ret))
+    info = [(tip_information(run["env"], told, it, make_kwargs), len(told)) for it, told in sorted(per_iteration.items())]
+    if not info[0][0]:
         return "–"
-    n = [sum(it == j for it, *_ in tips) for j in iterations]
-    pooled = [sum(x[k] * c for x, c in zip(info, n)) / sum(n) for k in TIP_INFORMATION]
+    pooled = [sum(x[k] * n for x, n in info) / len(tips) for k in TIP_INFORMATION]
     return " / ".join(f"{100 * v:.0f}" for v in pooled) + " %"
 
 

@@ -142,8 +142,7 @@ def read_sample_tips(run: Path) -> list[tuple[int, str, float, str]]:
     out = []
     for path in sorted((run / "samples").glob("iter_*.txt")):
         it = int(path.stem.removeprefix("iter_"))
-        text = path.read_text()
-        section = text[text.index("# tips written this iteration"):] if "# tips written this iteration" in text else ""
+        section = path.read_text().partition("# tips written this iteration")[2]
         out += [(it, task_id, float(ret), tip) for task_id, ret, tip in
                 re.findall(r"^- \[(\S+), return (-?[\d.]+)\] (.*)$", section, re.M)]
     return out
