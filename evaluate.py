@@ -26,7 +26,10 @@ Adaptation (--memory on): K consecutive trials per task; every step retrieves th
 (rollout mode "memory"), and after each trial the policy writes a tip (empo2.reflect) that is stored
 (empo2.store_tips) for the next trial. No optimiser exists here, so the weights cannot change; the
 output records a checksum of the LoRA weights before and after. Tips are sampled at the evaluation
-temperature too. The memory is saved next to the eval file (..._memory.json).
+temperature too. The memory is saved next to the eval file (..._memory.json). Each batch of
+--batch-size episodes of each trial samples from its own seed (trial_seed) in every arm, so trial 1,
+where no tip exists yet, plays the same episodes with memory on, off or shuffled; each episode's
+actions are in the eval file.
 
 Shuffled tips (--memory shuffled), the control for what a tip SAYS: the adaptation test, except that
 each task's memory receives the tip another task's episode wrote (the trial's tasks rotated by one),
@@ -53,7 +56,7 @@ import torch
 from scipy import stats
 
 import envs
-from empo2 import (MEMORY, NO_UPDATE, Config, add_config_flags, episode_record, episode_stats, eval_subset, evaluate_policy, reflect,
+from empo2 import (MEMORY, NO_UPDATE, PLAIN, Config, add_config_flags, episode_record, episode_stats, eval_subset, reflect,
                    rollout, store_tips, tip_information)
 from memory import Embedder, TipMemory
 from runs import RENAMED_METRICS, read_metrics, read_sample_tips
@@ -179,33 +182,42 @@ def weights_checksum(params) -> str:
 
 def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, embedder=None, memory=None,
                 shuffle_tips: bool = False) -> list[dict]:
-    """All episodes of all trials, one record each. Memory on: tips retrieved during, written after each trial;
-    shuffle_tips: each task's memory gets the tip of the next task's episode instead of its own."""
+    """All episodes of all trials, one record each (with the episode's actions). Memory on: tips retrieved
+    during, written after each trial; shuffle_tips: each task's memory gets the tip of the next task's
+    episode instead of its own. Memory off: the same rollouts in plain mode (the paper's main metric)."""
     records = []
+    devices = [policy.device] if policy.device.type == "cuda" else []
     for trial in range(1, trials + 1):
-        if not memory_on:  # the main metric: empo2.evaluate_policy (plain rollouts at eval temperature)
-            result = evaluate_policy(policy, pool, tasks, cfg, desc=f"eval trial {trial}")
-            records += [{**e, "trial": trial} for e in result["episodes"]]
-        else:
-            played = []
-            for start in range(0, len(tasks), len(pool)):
-                chunk = tasks[start:start + len(pool)]
-                with policy.sampling(keep_finished=True) as sampler:   # the tips continue the episodes' KV cache
-                    trajs = rollout(policy, pool, chunk, [(MEMORY, NO_UPDATE)] * len(chunk), cfg, memory=memory,
-                                    embedder=embedder, temperature=cfg.eval_temperature, desc=f"adapt trial {trial}",
-                                    sampler=sampler)
+        played = []
+        for start in range(0, len(tasks), len(pool)):
+            chunk = tasks[start:start + len(pool)]
+            mode = (MEMORY if memory_on else PLAIN, NO_UPDATE)
+            # each batch of each trial samples from its own seed in every arm, so reflection's draws do not
+            # shift the next batch's: until a tip is shown, memory on and its control play the same episodes
+            with torch.random.fork_rng(devices=devices), policy.sampling(keep_finished=memory_on) as sampler:
+                torch.manual_seed(trial_seed(cfg.seed, trial, start))
+                trajs = rollout(policy, pool, chunk, [mode] * len(chunk), cfg, memory=memory, embedder=embedder,
+                                temperature=cfg.eval_temperature, desc=f"{'adapt' if memory_on else 'eval'} trial {trial}",
+                                sampler=sampler)
+                if memory_on:   # the tips continue the episodes' KV cache
                     reflect(policy, trajs, cfg, sampler)   # docs/algorithm.md, step 3: the policy writes itself a tip ...
-                played += trajs
-                records += [{**episode_record(tr), "trial": trial, "tips_seen": tr.has_tips, "tip": tr.tip} for tr in trajs]
-            if not shuffle_tips:
-                store_tips(memory, embedder, played)  # ... kept for the next trial; no weight update
-            else:
-                store_others_tips(memory, embedder, played)
+            played += trajs
+            records += [{**episode_record(tr), "trial": trial, "actions": [s["action"] for s in tr.transcript if "action" in s],
+                         **({"tips_seen": tr.has_tips, "tip": tr.tip} if memory_on else {})} for tr in trajs]
+        if memory_on and not shuffle_tips:
+            store_tips(memory, embedder, played)  # ... kept for the next trial; no weight update
+        elif memory_on:
+            store_others_tips(memory, embedder, played)
         now = episode_stats([r for r in records if r["trial"] == trial])
         print(f"trial {trial}/{trials}: score {now['score']:.1f} ± {now['score_ci95']:.1f}, success "
               f"{now['success_rate']:.1f} %, steps {now['mean_steps']:.1f}" + (f", memory {len(memory)}" if memory_on else ""),
               flush=True)
     return records
+
+
+def trial_seed(seed: int, trial: int, start: int) -> int:
+    """The sampling seed of the batch of tasks[start:] in a trial: the same in every arm of the test."""
+    return seed * 1_000_003 + trial * 10_007 + start
 
 
 def store_others_tips(memory, embedder, trajs) -> int:

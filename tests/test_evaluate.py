@@ -139,6 +139,17 @@ def test_the_memory_off_control_runs_the_same_goals_and_seed_side_by_side(run_di
     assert "its tips: a scripted follower shown one / shown none / a random walk |" in text and all("tip_follow_success" not in t for t in off["trials"])
 
 
+def test_until_a_tip_is_shown_memory_on_and_its_control_play_the_same_episodes(run_dir):
+    """Three batches of one episode at T = 1: reflection samples between memory on's batches, yet (each
+    batch seeded on its own) trial 1, where no tip exists yet, plays the same actions in both arms."""
+    assert evaluate.main(["--run", str(run_dir), "--split", "val", "--episodes", "3", "--batch-size", "1",
+                          "--eval-temperature", "1.0", "--memory", "both", "--trials", "1", *TINY[2:]]) == 0
+    off, on = (strict_json(run_dir / f"eval_val_{m}.json") for m in ("off", "on"))
+    played = lambda res: [(e["task_id"], e["actions"]) for e in res["episodes"]]
+    assert played(on) == played(off) and len(played(on)) == 3 and all(e["actions"] for e in on["episodes"])
+    assert on["trials"][0]["episodes_with_tips"] == 0 and all(e["tip"] for e in on["episodes"])
+
+
 def test_shuffled_tips_give_each_task_another_tasks_tip_where_its_own_would_be(run_dir, eval_off, capsys):
     """The content control: with --memory all, the shuffled run plays the same goals and seed, and each
     task's memory holds the tip another task's episode wrote in the on run's place, found by retrieval."""
