@@ -187,11 +187,11 @@ def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, 
     episode instead of its own. Memory off: the same rollouts in plain mode (the paper's main metric)."""
     records = []
     devices = [policy.device] if policy.device.type == "cuda" else []
+    mode = (MEMORY if memory_on else PLAIN, NO_UPDATE)
     for trial in range(1, trials + 1):
         played = []
         for start in range(0, len(tasks), len(pool)):
             chunk = tasks[start:start + len(pool)]
-            mode = (MEMORY if memory_on else PLAIN, NO_UPDATE)
             # each batch of each trial samples from its own seed in every arm, so reflection's draws do not
             # shift the next batch's: until a tip is shown, memory on and its control play the same episodes
             with torch.random.fork_rng(devices=devices), policy.sampling(keep_finished=memory_on) as sampler:
@@ -922,8 +922,8 @@ def adaptation_table(off: dict, on: dict, shuffled: dict | None = None) -> str:
              "|---|" + "---|" * (2 * len(cols) + 2)]
     for k, a in enumerate(on["trials"]):
         rows = [r["trials"][k] for r in runs]
-        told = " / ".join(f"{a[k]:.0f}" if k in a else "–" for k in ("tip_follow_success", "blank_follow_success",
-                                                                      "walk_success")) + " %" if "tip_follow_success" in a else "–"
+        keys = [key.split("/")[1] for key in TIP_INFORMATION]   # as evaluate stores them per trial
+        told = " / ".join(f"{a[key]:.0f}" if key in a else "–" for key in keys) + " %" if keys[0] in a else "–"
         lines.append(f"| {a['trial']} | " + " | ".join(fmt_ci(r['success_rate'], r['success_ci95']) for r in rows) + " | "
                      + " | ".join(fmt_ci(r['score'], r['score_ci95']) for r in rows) + f" | {a['episodes_with_tips']} | {told} |")
     last = on["trials"][-1]["trial"]
