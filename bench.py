@@ -11,7 +11,11 @@ decode_vs_plain_32_rows_distinct   the same with 32 different prompts, nothing s
                                    cannot hold the prompt once for all rows)
 sampling_blocked_vs_running_sum    ms of sample_tokens_reference over sample_tokens, 32 rows x 49,152 logits
 decode_matmul_cap_tok_s_{rows}     one decode step's matrix products alone, as tokens/s: about the
-                                   ceiling of any decoder on this machine in this dtype
+                                   ceiling of any decoder on this machine in this dtype; and
+                                   decode_share_of_cap_32, the sampler's 32-row decode over it
+decode_step_*_ms_32                where a 32-row decode step goes (torch profiler): products, attention,
+                                   the rest; decode_parts_bound_tok_s_32, the speed if the rest were free,
+                                   and decode_parts_bound_share_of_cap_32, that speed over the cap
 prefill_vs_plain                   tokens/s of the sampler's prefill (8 distinct 300-token prompts) vs a
                                    plain forward over the same batch
 scoring_tok_s                      trained tokens/s of Policy.score, forward + backward, one ~1,100-token
@@ -264,6 +268,42 @@ def bench_matmul_cap(policy, rows=(1, 8, 32, 64), repeats: int = 5) -> dict:
     return result
 
 
+# the kernels a decode step's matrix products and attention run in (bf16 prepacked, or float32's F.linear)
+PRODUCT_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm")
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+                 "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention")
+
+
+def bench_decode_parts(policy, rows: int = 32, context: int = 300, steps: int = 16) -> dict:
+    """Where a decode step of `rows` rows goes (bench_decode's setting): ms per step in the matrix products
+    and in the attention kernel (self time under torch.profiler, which slows small ops more than large
+    ones), the rest of the profiled step, and the step unprofiled. decode_parts_bound_tok_s_{rows}: the
+    decode speed if everything but products and attention were free."""
+    from torch.profiler import profile
+    prompt = np.random.default_rng(0).integers(100, len(policy.tokenizer), context).tolist()
+    stops, policy.stop_ids = policy.stop_ids, []
+    try:
+        with torch.no_grad():
+            policy.model.eval()
+            step = min(sampler_decode(policy, [prompt] * rows, steps) for _ in range(2))
+            with policy.sampling() as sampler:
+                first = sampler.generate([prompt] * rows, list(range(rows)), 1, temperature=1.0)
+                with profile() as prof:     # the same decode steps as sampler_decode's timed call
+                    t = time.perf_counter()
+                    sampler.generate([prompt + f for f in first], list(range(rows)), steps, temperature=1.0)
+                    profiled = (time.perf_counter() - t) / steps
+    finally:
+        policy.stop_ids = stops
+        policy.model.train()
+    events = prof.key_averages()
+    products = sum(e.self_cpu_time_total for e in events if e.key in PRODUCT_OPS) / 1000 / steps      # ms
+    attention = sum(e.self_cpu_time_total for e in events if e.key in ATTENTION_OPS) / 1000 / steps
+    return {f"decode_step_ms_{rows}": 1000 * step, f"decode_step_profiled_ms_{rows}": 1000 * profiled,
+            f"decode_step_products_ms_{rows}": products, f"decode_step_attention_ms_{rows}": attention,
+            f"decode_step_other_ms_{rows}": 1000 * profiled - products - attention,
+            f"decode_parts_bound_tok_s_{rows}": rows / ((products + attention) / 1000)}
+
+
 def bench_prefill(policy, rows: int = 8, context: int = 300, repeats: int = 2) -> dict:
     """Tokens/s of encoding a batch of distinct prompts (what a rollout step does with new observations)."""
     rng = np.random.default_rng(1)
@@ -373,6 +413,9 @@ def main():
     result.update(bench_sampling())
     result.update(bench_decode(policy))
     result.update(bench_matmul_cap(policy))
+    result.update(bench_decode_parts(policy))
+    result["decode_share_of_cap_32"] = result["decode_tok_s_sampler_32"] / result["decode_matmul_cap_tok_s_32"]
+    result["decode_parts_bound_share_of_cap_32"] = result["decode_parts_bound_tok_s_32"] / result["decode_matmul_cap_tok_s_32"]
     result.update(bench_prefill(policy))
     result.update(bench_score(policy))
     result.update(bench_score_cap(policy))
