@@ -182,15 +182,30 @@ def plain_decode(policy, prompt: list[int], rows: int, steps: int) -> float:
     return (time.perf_counter() - t) / steps
 
 
-def sampler_decode(policy, prompts: list[list[int]], steps: int) -> float:
+def sampler_decode(policy, prompts: list[list[int]], steps: int, around=None) -> float:
     """Seconds per decode step of the project's sampler, one row per prompt: a first call encodes the
-    prompts, the timed call feeds each row its sampled token and decodes `steps`."""
+    prompts, the timed call feeds each row its sampled token and decodes `steps` (inside the context
+    manager `around`, e.g. a profiler, when given)."""
     rows = len(prompts)
     with policy.sampling() as sampler:
         first = sampler.generate(prompts, list(range(rows)), 1, temperature=1.0)
-        t = time.perf_counter()
-        sampler.generate([p + f for p, f in zip(prompts, first)], list(range(rows)), steps, temperature=1.0)
-        return (time.perf_counter() - t) / steps
+        with around if around is not None else contextlib.nullcontext():
+            t = time.perf_counter()
+            sampler.generate([p + f for p, f in zip(prompts, first)], list(range(rows)), steps, temperature=1.0)
+            return (time.perf_counter() - t) / steps
+
+
+@contextlib.contextmanager
+def decoding_without_stops(policy):
+    """A no-grad block in eval mode with no stop tokens, so every row decodes every step; restored after."""
+    stops, policy.stop_ids = policy.stop_ids, []
+    try:
+        with torch.no_grad():
+            policy.model.eval()
+            yield
+    finally:
+        policy.stop_ids = stops
+        policy.model.train()
 
 
 def bench_decode(policy, rows=(1, 8, 32, 64), context: int = 300, steps: int = 16) -> dict:
@@ -198,22 +213,16 @@ def bench_decode(policy, rows=(1, 8, 32, 64), context: int = 300, steps: int = 1
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, len(policy.tokenizer), context).tolist()
     distinct = [rng.integers(100, len(policy.tokenizer), context).tolist() for _ in range(32)]
-    stops, policy.stop_ids = policy.stop_ids, []
     result = {}
-    try:
-        with torch.no_grad():
-            policy.model.eval()
-            for n in rows:
-                sampler_decode(policy, [prompt] * n, 2)  # warm-up
-                result[f"decode_tok_s_sampler_{n}"] = n / min(sampler_decode(policy, [prompt] * n, steps) for _ in range(2))
-                with policy.merged_lora():            # the plain forward gets the merged weights too
-                    plain_decode(policy, prompt, n, 2)
-                    result[f"decode_tok_s_plain_{n}"] = n / min(plain_decode(policy, prompt, n, steps) for _ in range(2))
-            if 32 in rows:
-                result["decode_tok_s_sampler_32_distinct"] = 32 / min(sampler_decode(policy, distinct, steps) for _ in range(2))
-    finally:
-        policy.stop_ids = stops
-        policy.model.train()
+    with decoding_without_stops(policy):
+        for n in rows:
+            sampler_decode(policy, [prompt] * n, 2)  # warm-up
+            result[f"decode_tok_s_sampler_{n}"] = n / min(sampler_decode(policy, [prompt] * n, steps) for _ in range(2))
+            with policy.merged_lora():            # the plain forward gets the merged weights too
+                plain_decode(policy, prompt, n, 2)
+                result[f"decode_tok_s_plain_{n}"] = n / min(plain_decode(policy, prompt, n, steps) for _ in range(2))
+        if 32 in rows:
+            result["decode_tok_s_sampler_32_distinct"] = 32 / min(sampler_decode(policy, distinct, steps) for _ in range(2))
     if 32 in rows:
         result["decode_vs_plain_32_rows"] = result["decode_tok_s_sampler_32"] / result["decode_tok_s_plain_32"]
         # the plain forward copies the prompt's cache to every row, so its cost is the same for distinct prompts
@@ -281,20 +290,10 @@ def bench_decode_parts(policy, rows: int = 32, context: int = 300, steps: int = 
     decode speed if everything but products and attention were free."""
     from torch.profiler import profile
     prompt = np.random.default_rng(0).integers(100, len(policy.tokenizer), context).tolist()
-    stops, policy.stop_ids = policy.stop_ids, []
-    try:
-        with torch.no_grad():
-            policy.model.eval()
-            step = min(sampler_decode(policy, [prompt] * rows, steps) for _ in range(2))
-            with policy.sampling() as sampler:
-                first = sampler.generate([prompt] * rows, list(range(rows)), 1, temperature=1.0)
-                with profile() as prof:     # the same decode steps as sampler_decode's timed call
-                    t = time.perf_counter()
-                    sampler.generate([prompt + f for f in first], list(range(rows)), steps, temperature=1.0)
-                    profiled = (time.perf_counter() - t) / steps
-    finally:
-        policy.stop_ids = stops
-        policy.model.train()
+    with decoding_without_stops(policy):
+        step = min(sampler_decode(policy, [prompt] * rows, steps) for _ in range(2))
+        prof = profile()
+        profiled = sampler_decode(policy, [prompt] * rows, steps, around=prof)
     events = prof.key_averages()
     products = sum(e.self_cpu_time_total for e in events if e.key in PRODUCT_OPS) / 1000 / steps      # ms
     attention = sum(e.self_cpu_time_total for e in events if e.key in ATTENTION_OPS) / 1000 / steps

@@ -920,9 +920,9 @@ def adaptation_table(off: dict, on: dict, shuffled: dict | None = None) -> str:
     lines = ["| trial | " + " | ".join(f"success, {c}" for c in cols) + " | " + " | ".join(f"score, {c}" for c in cols)
              + " | episodes with tips | its tips: a scripted follower shown one / shown none / a random walk |",
              "|---|" + "---|" * (2 * len(cols) + 2)]
+    keys = [key.split("/")[1] for key in TIP_INFORMATION]   # as evaluate stores them per trial
     for k, a in enumerate(on["trials"]):
         rows = [r["trials"][k] for r in runs]
-        keys = [key.split("/")[1] for key in TIP_INFORMATION]   # as evaluate stores them per trial
         told = " / ".join(f"{a[key]:.0f}" if key in a else "–" for key in keys) + " %" if keys[0] in a else "–"
         lines.append(f"| {a['trial']} | " + " | ".join(fmt_ci(r['success_rate'], r['success_ci95']) for r in rows) + " | "
                      + " | ".join(fmt_ci(r['score'], r['score_ci95']) for r in rows) + f" | {a['episodes_with_tips']} | {told} |")
