@@ -12,10 +12,14 @@ decode_vs_plain_32_rows_distinct   the same with 32 different prompts, nothing s
 sampling_blocked_vs_running_sum    ms of sample_tokens_reference over sample_tokens, 32 rows x 49,152 logits
 decode_matmul_cap_tok_s_{rows}     one decode step's matrix products alone, as tokens/s: about the
                                    ceiling of any decoder on this machine in this dtype; and
-                                   decode_share_of_cap_32, the sampler's 32-row decode over it
+                                   decode_share_of_cap_32, the sampler's 32-row decode over it, the two
+                                   timed alternately (best of 4 each)
 decode_step_*_ms_32                where a 32-row decode step goes (torch profiler): products, attention,
                                    the rest; decode_parts_bound_tok_s_32, the speed if the rest were free,
                                    and decode_parts_bound_share_of_cap_32, that speed over the cap
+keep_freed_memory_decode_32        32-row decode tokens/s with freed memory kept in the process
+                                   (sampler.keep_freed_memory, what train.py does) over glibc's default;
+                                   everything after it runs with freed memory kept
 prefill_vs_plain                   tokens/s of the sampler's prefill (8 distinct 300-token prompts) vs a
                                    plain forward over the same batch
 scoring_tok_s                      trained tokens/s of Policy.score, forward + backward, one ~1,100-token
@@ -208,6 +212,24 @@ def decoding_without_stops(policy):
         policy.model.train()
 
 
+def bench_keep_freed_memory(policy, rows: int = 32, context: int = 300, steps: int = 16, rounds: int = 3) -> dict:
+    """Decode tokens/s at `rows` rows with glibc's default memory thresholds and with freed memory kept
+    in the process (sampler.keep_freed_memory), alternated; keep_freed_memory_decode_{rows}: the ratio.
+    Leaves freed memory kept, as train.py and evaluate.py do."""
+    from sampler import keep_freed_memory
+    prompt = np.random.default_rng(0).integers(100, len(policy.tokenizer), context).tolist()
+    best = {False: float("inf"), True: float("inf")}
+    with decoding_without_stops(policy):
+        for _ in range(rounds):
+            for keep in (False, True):
+                if not keep_freed_memory(keep):
+                    return {}    # not glibc: nothing to compare
+                best[keep] = min(best[keep], sampler_decode(policy, [prompt] * rows, steps))
+    keep_freed_memory(True)
+    return {f"decode_tok_s_sampler_{rows}_glibc_default": rows / best[False],
+            f"keep_freed_memory_decode_{rows}": best[False] / best[True]}
+
+
 def bench_decode(policy, rows=(1, 8, 32, 64), context: int = 300, steps: int = 16) -> dict:
     """Decode tokens/s at each batch size; no stop token, so every row decodes every step."""
     rng = np.random.default_rng(0)
@@ -258,23 +280,39 @@ def best_time(step, repeats: int) -> float:
     return best
 
 
-def bench_matmul_cap(policy, rows=(1, 8, 32, 64), repeats: int = 5) -> dict:
-    """The most decode tokens/s this machine allows: one decode step's matrix products alone (every
-    Linear of the model at its own shape, the LM head included, in the model's dtype), no attention, no
-    element-wise work. A rough ceiling: the sampler fuses q|k|v and gate|up into fewer, larger products,
-    and a timing of those fused shapes on one machine (README, Speed) gave caps up to 40 % apart from this."""
+def matmul_cap_step(policy, rows: int):
+    """One decode step's matrix products alone at `rows` rows (every Linear of the model at its own shape,
+    the LM head included, in the model's dtype), no attention, no element-wise work: a function to time."""
     weights = [m.weight.detach() for name, m in policy.model.named_modules()
                if isinstance(m, torch.nn.Linear) and "lora_" not in name]   # base weights, LoRA's A and B left out
-    result = {}
-    with torch.no_grad():
-        for n in rows:
-            inputs = {w.shape[1]: torch.randn(n, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
 
-            def step():
-                for w in weights:
-                    torch.nn.functional.linear(inputs[w.shape[1]], w)
-            result[f"decode_matmul_cap_tok_s_{n}"] = n / best_time(step, repeats)
-    return result
+    @torch.no_grad()
+    def step():
+        for w in weights:
+            torch.nn.functional.linear(inputs[w.shape[1]], w)
+    return step
+
+
+def bench_matmul_cap(policy, rows=(1, 8, 32, 64), repeats: int = 5) -> dict:
+    """The most decode tokens/s this machine allows: matmul_cap_step's products, best of `repeats`. A
+    rough ceiling: the sampler fuses q|k|v and gate|up into fewer, larger products, and a timing of those
+    fused shapes on one machine (README, Speed) gave caps up to 40 % apart from this."""
+    return {f"decode_matmul_cap_tok_s_{n}": n / best_time(matmul_cap_step(policy, n), repeats) for n in rows}
+
+
+def bench_decode_share(policy, rows: int = 32, context: int = 300, steps: int = 16, rounds: int = 4) -> dict:
+    """decode_share_of_cap_{rows}: the sampler's decode tokens/s (bench_decode's setting) over the
+    matrix-product cap, the two timed alternately, best of `rounds` each, so that a slow spell of a
+    shared machine hits both sides alike (timed minutes apart, they differed by up to 50 %)."""
+    prompt = np.random.default_rng(0).integers(100, len(policy.tokenizer), context).tolist()
+    step = matmul_cap_step(policy, rows)
+    decode = cap = float("inf")
+    with decoding_without_stops(policy):
+        for _ in range(rounds):
+            decode = min(decode, sampler_decode(policy, [prompt] * rows, steps))
+            cap = min(cap, best_time(step, 2))
+    return {f"decode_share_of_cap_{rows}": cap / decode}
 
 
 # the kernels a decode step's matrix products and attention run in (bf16 prepacked, or float32's F.linear)
@@ -406,6 +444,7 @@ def main():
     policy = load_policy(args.model, args.dtype, args.device)
     result = {"model": args.model, "dtype": str(next(policy.model.parameters()).dtype).replace("torch.", ""),
               "device": str(policy.device), "threads": torch.get_num_threads()}
+    result.update(bench_keep_freed_memory(policy))   # from here on freed memory stays, as in train.py
     result.update(bench_env_steps())
     result.update(bench_retrieval())
     result.update(bench_scoring(policy))
@@ -413,7 +452,7 @@ def main():
     result.update(bench_decode(policy))
     result.update(bench_matmul_cap(policy))
     result.update(bench_decode_parts(policy))
-    result["decode_share_of_cap_32"] = result["decode_tok_s_sampler_32"] / result["decode_matmul_cap_tok_s_32"]
+    result.update(bench_decode_share(policy))
     result["decode_parts_bound_share_of_cap_32"] = result["decode_parts_bound_tok_s_32"] / result["decode_matmul_cap_tok_s_32"]
     result.update(bench_prefill(policy))
     result.update(bench_score(policy))
@@ -424,8 +463,8 @@ def main():
         result.update(bench_iteration(policy))
     ratios = ("decode_vs_plain_32_rows", "decode_vs_plain_32_rows_distinct", "prefill_vs_plain", "rollout_batched_vs_sequential",
               "scoring_single_pass_vs_per_turn", "retrieval_vectorized_vs_loop", "sampling_blocked_vs_running_sum",
-              "lora_in_base_dtype_vs_peft")
-    print(json.dumps({**{k: round(result[k], 2) for k in ratios},
+              "lora_in_base_dtype_vs_peft", "keep_freed_memory_decode_32")
+    print(json.dumps({**{k: round(result[k], 2) for k in ratios if k in result},
                       **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items() if k not in ratios}},
                      indent=1))
 

@@ -60,6 +60,7 @@ from empo2 import (MEMORY, NO_UPDATE, PLAIN, Config, add_config_flags, episode_r
                    rollout, store_tips, tip_information)
 from memory import Embedder, TipMemory
 from runs import RENAMED_METRICS, read_metrics, read_sample_tips
+from sampler import keep_freed_memory
 from utils import json_safe, replace_atomically, write_atomically
 
 SPLITS = ("val", "test", "ood")
@@ -888,6 +889,7 @@ def sweep(parser, args) -> int:
 
 def main(argv=None) -> int:
     parser, args = parse_args(argv)
+    keep_freed_memory()   # speed only (sampler.py)
     if args.sweep is not None:
         return sweep(parser, args)
     if args.compare is not None:

@@ -36,6 +36,7 @@ from empo2 import (MEMORY, PLAIN, Config, add_config_flags, episode_returns, eva
                    tip_quality, update_policy)
 from memory import Embedder
 from runs import MetricsLog, cached_evaluation, open_run, print_eval, resume_state, save_adapter, save_iteration
+from sampler import keep_freed_memory
 from utils import json_safe, write_atomically
 from warm_start import warm_start
 
@@ -220,6 +221,7 @@ def validate(run: Path, cfg: Config, policy, pool, val_tasks, evals: dict, it: i
 
 def main(argv=None) -> int:
     cfg, run = open_run(parse_args(argv), given_flags(argv))
+    keep_freed_memory()   # speed only (sampler.py): ~10 % off a decode step on Linux
     rng = seed_everything(cfg.seed)
     train_tasks, val_tasks, eval_tasks = task_lists(cfg)
     pool, policy, embedder = build(cfg)

@@ -65,3 +65,21 @@ def real_policy():
 def embedder():
     from memory import Embedder
     return Embedder()
+
+
+@pytest.fixture()
+def resident_bytes_freed():
+    """A function: how much the process's resident memory drops when a 64 MB tensor (every page written)
+    is freed (glibc hands it back to the system, or keeps it: sampler.keep_freed_memory)."""
+    import os
+
+    def resident() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def freed() -> int:
+        x = torch.ones(16 << 20)
+        before = resident()
+        del x
+        return before - resident()
+    return freed

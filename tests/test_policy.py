@@ -4,7 +4,7 @@ import torch
 import pytest
 
 from policy import load_policy
-from sampler import CachedSampler, Decoder, HFDecoder, sample_tokens
+from sampler import CachedSampler, Decoder, HFDecoder, keep_freed_memory, sample_tokens
 
 
 def randomise_lora(policy, seed=0):
@@ -402,3 +402,37 @@ def test_finished_episodes_continue_from_their_cache_with_the_draws_of_a_plain_f
     # only what each row's cache lacks was encoded, then 5 sampled tokens per row fed back
     reused = [len(prompts[3]) + len(first[3]) - 1, len(before_tip), len(grown[0]) + len(second[0]) - 1, len(head)]
     assert sum(fed) == sum(len(p) - n for p, n in zip(later, reused)) + 4 * 5
+
+
+def test_keep_freed_memory_keeps_a_freed_block_resident():
+    """In a fresh process (glibc's thresholds untouched by other tests): a freed 64 MB tensor goes back
+    to the system (resident memory drops), so the next one faults its pages in again; after
+    keep_freed_memory() it stays in the process."""
+    import platform
+    import subprocess
+    import sys
+    from pathlib import Path
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("keep_freed_memory acts on Linux with glibc only")
+    script = """
+import os, sys, torch
+sys.path.insert(0, sys.argv[1])
+from sampler import keep_freed_memory
+def resident():
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+def freed():
+    x = torch.ones(16 << 20)
+    before = resident()
+    del x
+    return before - resident()
+default = freed()
+assert keep_freed_memory()
+freed()   # the first block may still come from a fresh mapping
+print(default, freed())
+"""
+    out = subprocess.run([sys.executable, "-c", script, str(Path(__file__).resolve().parents[1])],
+                         capture_output=True, text=True, check=True).stdout.split()
+    default, kept = map(int, out)
+    assert default > 48 << 20
+    assert kept < 8 << 20
