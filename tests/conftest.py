@@ -67,19 +67,23 @@ def embedder():
     return Embedder()
 
 
-@pytest.fixture()
-def resident_bytes_freed():
-    """A function: how much the process's resident memory drops when a 64 MB tensor (every page written)
-    is freed (glibc hands it back to the system, or keeps it: sampler.keep_freed_memory)."""
+
+def freed_resident_bytes() -> int:
+    """How much the process's resident memory drops when a 64 MB tensor (every page written) is freed:
+    glibc hands it back to the system, or keeps it (sampler.keep_freed_memory). Plain, so a test's
+    fresh subprocess can import it too."""
     import os
 
     def resident() -> int:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    x = torch.ones(16 << 20)
+    before = resident()
+    del x
+    return before - resident()
 
-    def freed() -> int:
-        x = torch.ones(16 << 20)
-        before = resident()
-        del x
-        return before - resident()
-    return freed
+
+@pytest.fixture()
+def resident_bytes_freed():
+    """freed_resident_bytes, for tests in this process."""
+    return freed_resident_bytes

@@ -415,23 +415,17 @@ def test_keep_freed_memory_keeps_a_freed_block_resident():
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         pytest.skip("keep_freed_memory acts on Linux with glibc only")
     script = """
-import os, sys, torch
-sys.path.insert(0, sys.argv[1])
+import sys
+sys.path[:0] = sys.argv[1:3]
+from conftest import freed_resident_bytes
 from sampler import keep_freed_memory
-def resident():
-    with open('/proc/self/statm') as f:
-        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-def freed():
-    x = torch.ones(16 << 20)
-    before = resident()
-    del x
-    return before - resident()
-default = freed()
+default = freed_resident_bytes()
 assert keep_freed_memory()
-freed()   # the first block may still come from a fresh mapping
-print(default, freed())
+freed_resident_bytes()   # the first block may still come from a fresh mapping
+print(default, freed_resident_bytes())
 """
-    out = subprocess.run([sys.executable, "-c", script, str(Path(__file__).resolve().parents[1])],
+    tests = Path(__file__).resolve().parent
+    out = subprocess.run([sys.executable, "-c", script, str(tests.parent), str(tests)],
                          capture_output=True, text=True, check=True).stdout.split()
     default, kept = map(int, out)
     assert default > 48 << 20
