@@ -930,17 +930,19 @@ def adaptation_table(off: dict, on: dict, shuffled: dict | None = None) -> str:
                      + " | ".join(fmt_ci(r['score'], r['score_ci95']) for r in rows) + f" | {a['episodes_with_tips']} | {told} |")
     last = on["trials"][-1]["trial"]
     at = lambda result, k: [e for e in result["episodes"] if e["trial"] == k]
-    vs_off = paired_goal_difference(at(off, last), at(on, last), "won")
-    vs_first = paired_goal_difference(at(on, 1), at(on, last), "won")
-    (lo, hi), (flo, fhi) = vs_off["difference_ci95"], vs_first["difference_ci95"]
-    lines += ["", f"Trial {last}, memory on − memory off, paired over {vs_off['n_goals']} goals (95 % bootstrap CI): "
-              f"success {vs_off['difference']:+.1f} [{lo:+.1f}, {hi:+.1f}] points; memory on, trial {last} − trial 1: "
-              f"{vs_first['difference']:+.1f} [{flo:+.1f}, {fhi:+.1f}]."]
+
+    def diff(before: list[dict], after: list[dict]) -> str:   # success and score, paired over goals
+        out = []
+        for key, what in (("won", "success"), ("reward", "score")):
+            d = paired_goal_difference(before, after, key)
+            (lo, hi) = d["difference_ci95"]
+            out.append(f"{what} {d['difference']:+.1f} [{lo:+.1f}, {hi:+.1f}]")
+        return ", ".join(out)
+    n_goals = paired_goal_difference(at(off, last), at(on, last), "won")["n_goals"]
+    lines += ["", f"Trial {last}, memory on − memory off, paired over {n_goals} goals (95 % bootstrap CI, points): "
+              f"{diff(at(off, last), at(on, last))}; memory on, trial {last} − trial 1: {diff(at(on, 1), at(on, last))}."]
     if shuffled:
-        vs_shuffled = paired_goal_difference(at(shuffled, last), at(on, last), "won")
-        slo, shi = vs_shuffled["difference_ci95"]
-        lines[-1] += (f" Memory on − shuffled tips: {vs_shuffled['difference']:+.1f} [{slo:+.1f}, {shi:+.1f}] "
-                      f"(what the tips' content adds).")
+        lines[-1] += f" Memory on − shuffled tips: {diff(at(shuffled, last), at(on, last))} (what the tips' content adds)."
     return "\n".join(lines)
 
 

@@ -236,7 +236,7 @@ def warm_start(policy, cfg, make_kwargs: dict | None = None) -> dict:
     losses = behaviour_clone(policy, trajs + tip_trajs, cfg)
     meta = {"key": key, "build_s": time.time() - t0, "losses": losses,
             "scripted_tips": [tr.tip for tr in tip_trajs[:len(trajs)]],
-            "tip_following": {"episodes": len(tip_trajs) - len(trajs),
+            "tip_following": {"episodes": len(tip_trajs[len(trajs):]),
                               "success_rate": float(np.mean([100 * tr.won for tr in tip_trajs[len(trajs):]] or [np.nan]))},
             "demonstrator": {"episodes": len(trajs), "score": score, "score_ci95": score_ci, "success_rate": success,
                              "success_ci95": success_ci, "mean_steps": float(np.mean([len(tr.rewards) for tr in trajs])),

@@ -62,7 +62,11 @@ def rooms_tip(transcript: list[dict], final_obs: str, score: float) -> str:
 
 
 def webshop_tip(transcript: list[dict], final_obs: str, score: float) -> str:
-    """The queries searched, the products opened, the options clicked, what was bought and the score."""
+    """The score, what was bought and whether it fully matched, the options clicked, the products opened,
+    the queries searched: in that order, because a tip the policy writes stops at cfg.tip_max_new_tokens
+    and a search repeats the instruction, which is long. Written queries first, 29 of 168 demonstrator
+    tips on the validation split kept the purchase sentence within the default budget; purchase first,
+    all 168 (results/webshop-mini-tips/)."""
     from envs.webshop_mini import _NAVIGATION
     queries, opened, options = [], [], []
     for step in transcript:
@@ -79,18 +83,18 @@ def webshop_tip(transcript: list[dict], final_obs: str, score: float) -> str:
             elif action not in _NAVIGATION:
                 options.append(target)
     parts = [f"Score {score:.2f}."]
-    if queries:
-        parts.append("Searched " + "; ".join(f"'{q}'" for q in dict.fromkeys(queries)) + ".")
-    if opened:
-        parts.append("Opened " + "; ".join(dict.fromkeys(opened)) + ".")
-    if options:
-        parts.append("Chose " + ", ".join(dict.fromkeys(options)) + ".")
     bought = re.search(r"You bought (\S+)", final_obs)
     if bought:
         parts.append(f"Bought {bought.group(1).rstrip('.')}" + (": a full match." if score >= 1.0 else
                      ": not a full match, so try another product or other options."))
     else:
         parts.append("Bought nothing: finish with click[buy now] on a matching product.")
+    if options:
+        parts.append("Chose " + ", ".join(dict.fromkeys(options)) + ".")
+    if opened:
+        parts.append("Opened " + "; ".join(dict.fromkeys(opened)) + ".")
+    if queries:
+        parts.append("Searched " + "; ".join(f"'{q}'" for q in dict.fromkeys(queries)) + ".")
     return " ".join(parts)
 
 
@@ -202,19 +206,47 @@ class RoomsFarTipFollower(RoomsTipFollower):
 
 
 class WebshopTipFollower:
-    """The webshop-mini demonstrator, except that on a results page it skips the products a tip says
-    were bought without a full match."""
+    """The webshop-mini demonstrator, reading what the tips say was bought (best tip first, as memory
+    returns them). A full match: open that product and click the options the tip lists. Bought without
+    a full match at a score of at least `retry_from`: open it again and click option values the tip does
+    not list (most of the demonstrator's partial purchases are the right product with the wrong options:
+    results/webshop-mini-tips/). A lower score: skip that product on a results page.
 
-    def __init__(self, tips: list[str]):
-        self.avoid = {m.lower() for m in re.findall(r"Bought (\w+): not a full match", " ".join(tips))}
+    The rule was chosen on the validation split with results/webshop-mini-tips/scripted_readers.py (a
+    reader that only skipped the product gained 1.3 score points there, this one 5.2)."""
+
+    def __init__(self, tips: list[str], retry_from: float = 0.5):
+        self.target, self.same_options, self.options, self.avoid = None, False, set(), set()
+        for tip in tips:
+            bought = re.search(r"Score (\d+\.\d+)\. Bought (\w+): (a full match|not a full match)", tip)
+            if not bought:
+                continue
+            score, product, full = float(bought.group(1)), bought.group(2).lower(), bought.group(3) == "a full match"
+            chose = re.search(r"Chose (.*?)\.(?: |$)", tip)
+            options = set(chose.group(1).split(", ")) if chose else set()
+            if full:
+                self.target, self.same_options, self.options = product, True, options
+                break
+            if score >= retry_from and self.target in (None, product):
+                self.target, self.options = product, self.options | options
+            else:
+                self.avoid.add(product)
 
     def __call__(self, obs: str, rng: random.Random) -> str:
         from envs.webshop_mini import _NAVIGATION, demonstrator
-        action = demonstrator(obs, rng)
-        if "(Total results: " in obs and action[6:-1] in self.avoid:
-            others = [a for a in valid_actions_of(obs)
-                      if a.startswith("click[") and a not in _NAVIGATION and a[6:-1] not in self.avoid]
-            return others[0] if others else action
+        action, valid = demonstrator(obs, rng), valid_actions_of(obs)
+        if "(Total results: " in obs:
+            if self.target and f"click[{self.target}]" in valid:
+                return f"click[{self.target}]"
+            if action[6:-1] in self.avoid:
+                others = [a for a in valid if a.startswith("click[") and a not in _NAVIGATION and a[6:-1] not in self.avoid]
+                return others[0] if others else action
+        if self.target and "click[buy now]" in valid and action.startswith("click[") and action not in _NAVIGATION:
+            for line in obs.splitlines():   # the demonstrator's option click: a value of that group the tip says to pick
+                values = re.findall(r"\[([^\]]+)\]", line)
+                if ": [" in line and action[6:-1] in values:
+                    pick = [v for v in values if (v in self.options) == self.same_options]
+                    return f"click[{rng.choice(pick)}]" if pick else action
         return action
 
 

@@ -167,6 +167,21 @@ def test_shuffled_tips_give_each_task_another_tasks_tip_where_its_own_would_be(r
     assert "success, shuffled tips" in capsys.readouterr().out
 
 
+def test_adaptation_table_pairs_score_as_well_as_success():
+    """webshop-mini's score moves without success moving: the last-trial differences report both, paired by goal."""
+    def result(rewards_by_trial):
+        episodes = [{"task_id": f"g{i}", "trial": k, "reward": r, "won": r == 1.0, "tip": ""}
+                    for k, rewards in rewards_by_trial.items() for i, r in enumerate(rewards)]
+        trials = [{"trial": k, "success_rate": 0.0, "success_ci95": 0.0, "score": 0.0, "score_ci95": 0.0,
+                   "episodes_with_tips": 0} for k in rewards_by_trial]
+        return {"trials": trials, "episodes": episodes}
+    on = result({1: [0.2, 0.4, 0.6], 2: [0.7, 0.9, 1.0]})      # trial 2 − trial 1: +0.5, +0.5, +0.4 of score
+    off = result({1: [0.2, 0.4, 0.6], 2: [0.2, 0.4, 0.6]})
+    text = evaluate.adaptation_table(off, on)
+    assert "memory on − memory off, paired over 3 goals" in text
+    assert "success +33.3 [" in text and "score +46.7 [+40.0, +50.0]" in text
+
+
 def test_store_others_tips_rotates_tips_and_scores_but_keeps_each_tasks_own_key():
     from types import SimpleNamespace
     trajs = [SimpleNamespace(task=SimpleNamespace(task_id=f"t{k}"), tip=f"tip of t{k}", ext_return=float(k == 1),

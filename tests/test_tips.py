@@ -68,6 +68,46 @@ def test_webshop_tips_never_read_the_hidden_goal(monkeypatch):
     query = transcript[0]["action"][len("search["):-1]
     bought = re.search(r"You bought (\S+)", final).group(1).rstrip(".")
     assert f"'{query}'" in tips[0] and f"Bought {bought}" in tips[0] and tips[0].startswith(f"Score {score:.2f}.")
+    # the purchase comes right after the score: a tip the policy writes is cut to a few dozen tokens
+    for tip in tips:
+        assert re.match(r"Score \d\.\d\d\. (Bought \w+: (a full match|not a full match)|Bought nothing)", tip), tip
+
+
+def test_the_webshop_tip_follower_repeats_a_full_match_retries_a_partial_one_and_skips_a_poor_one():
+    from envs.tips import WebshopTipFollower
+    env = envs.make("webshop-mini", "val")
+
+    def play(task, act, seed):
+        obs, _ = env.reset(task)
+        transcript, done, rng = [], False, random.Random(seed)
+        while not done:
+            step = {"observation": obs, "action": act(obs, rng)}
+            obs, _, done, info = env.step(step["action"])
+            transcript.append({**step, "valid": info["valid"]})
+        return transcript, obs, info["score"]
+    bought = lambda final: re.search(r"You bought (\S+)", final).group(1).rstrip(".").lower()
+    clicked_options = lambda transcript: {s["action"][6:-1] for s in transcript[2:-1]}   # after search and product
+    seen = set()
+    for k, task in enumerate(envs.tasks("webshop-mini", "val")):
+        first = play(task, envs.demonstrator("webshop-mini"), k)
+        score = first[2]
+        kind = "full" if score == 1.0 else "partial" if score >= 0.5 else "poor"
+        if kind in seen or "You bought" not in first[1] or not clicked_options(first[0]):
+            continue
+        seen.add(kind)
+        tip = scripted_tip("webshop-mini", *first) + f" (score: {score:.2f})"
+        second = play(task, WebshopTipFollower([tip]), 1000 + k)
+        if kind == "full":       # the same product with the same options: a full match again
+            assert second[2] == 1.0 and bought(second[1]) == bought(first[1])
+            assert clicked_options(second[0]) == clicked_options(first[0])
+        elif kind == "partial":  # the same product, none of the option values the tip lists where another exists
+            assert bought(second[1]) == bought(first[1])
+            assert clicked_options(second[0]) != clicked_options(first[0])
+        else:                    # another product
+            assert f"click[{bought(first[1])}]" not in [s["action"] for s in second[0]]
+        if len(seen) == 3:
+            break
+    assert seen == {"full", "partial", "poor"}
 
 
 def test_the_tip_demonstration_clones_the_scripted_tip_after_the_reflection_prompt(tiny_policy):

@@ -101,6 +101,7 @@ def test_warm_start_is_cached_reused_and_rebuilt_when_broken(tiny_model_dir, cap
     built = warm_start.warm_start(first, cfg)
     trained = lora_state(first)
     assert not built["cached"] and built["demonstrator"]["episodes"] == 2 and len(built["losses"]) == 1
+    assert built["tip_following"]["episodes"] == 0   # no --warm-start-tips: no second attempts
     assert any(not torch.equal(untrained[k], trained[k]) for k in trained)
 
     second = fresh()
