@@ -3,7 +3,7 @@ wrote (evaluate.py --memory on keeps each episode's tip): did it buy the same pr
 options? And, for the shuffled-tips control, how many episodes searched a query that shares less than
 half of its words with their own instruction (another task's query, copied from the tip shown).
 
-    python results/webshop-mini-tips/second_attempts.py results/webshop-mini-tips/warm-start
+    python results/webshop-mini-tips/second_attempts.py results/webshop-mini-tips/purchase-first
 """
 import json
 import re
