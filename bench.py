@@ -212,12 +212,18 @@ def decoding_without_stops(policy):
         policy.model.train()
 
 
+def decode_prompt(policy, context: int = 300) -> list[int]:
+    """The prompt every row of bench_decode's shared-prompt setting starts from: `context` random token ids
+    (seed 0); the decode benchmarks that compare with it use the same one."""
+    return np.random.default_rng(0).integers(100, len(policy.tokenizer), context).tolist()
+
+
 def bench_keep_freed_memory(policy, rows: int = 32, context: int = 300, steps: int = 16, rounds: int = 3) -> dict:
     """Decode tokens/s at `rows` rows with glibc's default memory thresholds and with freed memory kept
     in the process (sampler.keep_freed_memory), alternated; keep_freed_memory_decode_{rows}: the ratio.
     Leaves freed memory kept, as train.py and evaluate.py do."""
     from sampler import keep_freed_memory
-    prompt = np.random.default_rng(0).integers(100, len(policy.tokenizer), context).tolist()
+    prompt = decode_prompt(policy, context)
     best = {False: float("inf"), True: float("inf")}
     with decoding_without_stops(policy):
         for _ in range(rounds):
@@ -305,7 +311,7 @@ def bench_decode_share(policy, rows: int = 32, context: int = 300, steps: int = 
     """decode_share_of_cap_{rows}: the sampler's decode tokens/s (bench_decode's setting) over the
     matrix-product cap, the two timed alternately, best of `rounds` each, so that a slow spell of a
     shared machine hits both sides alike (timed minutes apart, they differed by up to 50 %)."""
-    prompt = np.random.default_rng(0).integers(100, len(policy.tokenizer), context).tolist()
+    prompt = decode_prompt(policy, context)
     step = matmul_cap_step(policy, rows)
     decode = cap = float("inf")
     with decoding_without_stops(policy):
@@ -327,7 +333,7 @@ def bench_decode_parts(policy, rows: int = 32, context: int = 300, steps: int = 
     ones), the rest of the profiled step, and the step unprofiled. decode_parts_bound_tok_s_{rows}: the
     decode speed if everything but products and attention were free."""
     from torch.profiler import profile
-    prompt = np.random.default_rng(0).integers(100, len(policy.tokenizer), context).tolist()
+    prompt = decode_prompt(policy, context)
     with decoding_without_stops(policy):
         step = min(sampler_decode(policy, [prompt] * rows, steps) for _ in range(2))
         prof = profile()

@@ -938,7 +938,7 @@ def adaptation_table(off: dict, on: dict, shuffled: dict | None = None) -> str:
             (lo, hi) = d["difference_ci95"]
             out.append(f"{what} {d['difference']:+.1f} [{lo:+.1f}, {hi:+.1f}]")
         return ", ".join(out)
-    n_goals = paired_goal_difference(at(off, last), at(on, last), "won")["n_goals"]
+    n_goals = len(paired_by_goal(at(off, last), at(on, last))[0])
     lines += ["", f"Trial {last}, memory on − memory off, paired over {n_goals} goals (95 % bootstrap CI, points): "
               f"{diff(at(off, last), at(on, last))}; memory on, trial {last} − trial 1: {diff(at(on, 1), at(on, last))}."]
     if shuffled:

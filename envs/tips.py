@@ -233,7 +233,7 @@ class WebshopTipFollower:
                 self.avoid.add(product)
 
     def __call__(self, obs: str, rng: random.Random) -> str:
-        from envs.webshop_mini import _NAVIGATION, demonstrator
+        from envs.webshop_mini import _NAVIGATION, demonstrator, option_groups
         action, valid = demonstrator(obs, rng), valid_actions_of(obs)
         if "(Total results: " in obs:
             if self.target and f"click[{self.target}]" in valid:
@@ -242,9 +242,8 @@ class WebshopTipFollower:
                 others = [a for a in valid if a.startswith("click[") and a not in _NAVIGATION and a[6:-1] not in self.avoid]
                 return others[0] if others else action
         if self.target and "click[buy now]" in valid and action.startswith("click[") and action not in _NAVIGATION:
-            for line in obs.splitlines():   # the demonstrator's option click: a value of that group the tip says to pick
-                values = re.findall(r"\[([^\]]+)\]", line)
-                if ": [" in line and action[6:-1] in values:
+            for values in option_groups(obs):   # the demonstrator's option click: a value of that group the tip says to pick
+                if action[6:-1] in values:
                     pick = [v for v in values if (v in self.options) == self.same_options]
                     return f"click[{rng.choice(pick)}]" if pick else action
         return action

@@ -389,6 +389,12 @@ def make(split: str = "train", seed: int = 0, max_steps: int = MAX_STEPS, data_d
 _NAVIGATION = {f"click[{b}]" for b in (BACK, NEXT, PREV, BUY, *SUB_PAGES)}
 
 
+def option_groups(obs: str) -> list[list[str]]:
+    """The values of each option group an item page shows ("color: [red] [blue]" -> ["red", "blue"])."""
+    groups = [re.findall(r"\[([^\]]+)\]", line) for line in obs.splitlines() if ": [" in line]
+    return [values for values in groups if values]
+
+
 def demonstrator(obs: str, rng: random.Random, max_query_words: int = 10) -> str:
     """The warm start's demonstrator: WebShop's rule baseline (search the instruction, open the first
     result, buy) that also clicks a random value of every option group before buying.
@@ -407,9 +413,8 @@ def demonstrator(obs: str, rng: random.Random, max_query_words: int = 10) -> str
     if "click[buy now]" in valid:   # item page: one random value per option group, then buy
         clicked = next((line[len("You have clicked "):-1].split(", ") for line in obs.splitlines()
                         if line.startswith("You have clicked ")), [])
-        for line in obs.splitlines():
-            values = re.findall(r"\[([^\]]+)\]", line)
-            if ": [" in line and values and not set(values) & set(clicked):
+        for values in option_groups(obs):
+            if not set(values) & set(clicked):
                 return f"click[{rng.choice(values)}]"
         return "click[buy now]"
     if "(Total results: " in obs:   # a results page: the first product
