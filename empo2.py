@@ -177,7 +177,8 @@ class Config:
     """held-out test episodes evaluated (no memory) untrained, after the warm start and after
     training; 0 skips (a split smaller than this is cycled through)"""
     task_names: str = ""
-    """scienceworld: comma-separated task names (empty: the env's default)"""
+    """scienceworld: comma-separated task names; rooms: the kinds of its train/val/test tasks, e.g.
+    bulb,box,bell,book,candle,clock,towel,cat (envs/rooms.py); empty: the env's default"""
     out: str = "runs"
     """folder that holds runs"""
     name: str = ""

@@ -69,7 +69,7 @@ def demonstrations(policy, cfg, make_kwargs: dict | None = None) -> list[Traject
         raise ValueError(f"{cfg.env} has no scripted demonstrator, so there is no warm start for it; "
                          f"pass --warm-start off")
     rng = random.Random(cfg.warm_start_seed)
-    pool = envs.tasks(cfg.env, "train", **({"task_names": cfg.task_names.split(",")} if cfg.task_names else {}))
+    pool = envs.tasks(cfg.env, "train", **envs.settings(cfg.env, cfg.max_steps, cfg.task_names)[1])
     tasks = [pool[k] for k in rng.sample(range(len(pool)), min(cfg.warm_start_episodes, len(pool)))]
     tasks += [rng.choice(pool) for _ in range(cfg.warm_start_episodes - len(tasks))]  # a pool smaller than N
     env = envs.make(cfg.env, split="train", seed=cfg.warm_start_seed, **(make_kwargs or {}))

@@ -56,11 +56,15 @@ def tasks(name: str, split: str, **kwargs) -> list[Task]:
 
 def settings(name: str, max_steps: int = 0, task_names: str = "") -> tuple[dict, dict]:
     """(kwargs of make, kwargs of tasks) for a run's settings: max_steps 0 keeps the env's own limit;
-    task_names (comma-separated) picks scienceworld's tasks."""
+    task_names (comma-separated) picks scienceworld's tasks, or the kinds of rooms' train/val/test tasks."""
     make_kwargs = {"max_steps": max_steps} if max_steps else {}
-    if name == "scienceworld" and task_names:
+    if not task_names:
+        return make_kwargs, {}
+    if name == "scienceworld":
         return make_kwargs, {"task_names": task_names.split(",")}
-    return make_kwargs, {}
+    if name == "rooms":
+        return make_kwargs, {"kinds": tuple(task_names.split(","))}
+    raise ValueError(f"--task-names applies to scienceworld and rooms only, not to {name!r}")
 
 
 def demonstrator(name: str):

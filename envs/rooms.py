@@ -14,6 +14,9 @@ Splits: "train" (60 tasks), "val" (40 tasks, layouts in neither train nor test: 
 hyper-parameters) and "test" (100 tasks, layouts unseen in train) use the kinds "turn on ...
 light bulb" and "open ... box"; "ood" (30 tasks) uses a kind never seen in training,
 "water ... plant". Each split has its own seed; a layout is the tuple _signature() returns.
+tasks(split, kinds=...) (train.py's --task-names) gives train, val and test other kinds, e.g. all
+eight of TRAIN_KINDS: a policy that has acted with eight verbs acts on the ood split's unseen one
+where one trained on two does not (README, "Memory that carries information"); ood stays "plant".
 """
 from __future__ import annotations
 
@@ -29,8 +32,16 @@ KINDS = {
     "bulb": ("turn on", "light bulb", "The {obj} is now on. Task complete!"),
     "box": ("open", "box", "The {obj} is now open. Task complete!"),
     "plant": ("water", "plant", "The {obj} is now watered. Task complete!"),
+    "bell": ("ring", "bell", "The {obj} rings. Task complete!"),
+    "book": ("read", "book", "You read the {obj}. Task complete!"),
+    "candle": ("light", "candle", "The {obj} is now lit. Task complete!"),
+    "clock": ("wind", "clock", "The {obj} is now wound. Task complete!"),
+    "towel": ("fold", "towel", "The {obj} is now folded. Task complete!"),
+    "cat": ("feed", "cat", "The {obj} is now fed. Task complete!"),
 }
 SPLIT_KINDS = {"train": ("bulb", "box"), "test": ("bulb", "box"), "ood": ("plant",), "val": ("bulb", "box")}
+# the kinds tasks(split, kinds=...) may give train, val and test: every kind but the ood split's
+TRAIN_KINDS = tuple(k for k in KINDS if k not in SPLIT_KINDS["ood"])
 SPLIT_SIZES = {"train": 60, "test": 100, "ood": 30, "val": 40}
 SPLIT_SEEDS = {"train": 0, "test": 1, "ood": 2, "val": 3}
 # the splits whose layouts a split must avoid (test was made before val existed, so it avoids train only)
@@ -58,15 +69,20 @@ def _layout(rng: random.Random, kind: str, index: int, split: str) -> RoomsTask:
                      side_rooms=side_rooms)
 
 
-def tasks(split: str, **_) -> list[RoomsTask]:
+def tasks(split: str, kinds: tuple[str, ...] = ()) -> list[RoomsTask]:
+    """The split's tasks; kinds (of TRAIN_KINDS) replaces train, val and test's two, taken in turn."""
     if split not in SPLIT_KINDS:
         raise ValueError(f"unknown split {split!r} for rooms; valid: {', '.join(SPLIT_KINDS)}")
+    bad = [k for k in kinds if k not in TRAIN_KINDS]
+    if bad:
+        raise ValueError(f"rooms kinds {bad} are not allowed (the ood split's kinds never train); valid: {', '.join(TRAIN_KINDS)}")
+    split_kinds = tuple(kinds) if kinds and split != "ood" else SPLIT_KINDS[split]
     rng = random.Random(SPLIT_SEEDS[split])
     # test layouts differ from every train layout; val layouts from every train and test one
-    seen = {_signature(t) for other in SPLIT_AVOIDS.get(split, ()) for t in tasks(other)}
+    seen = {_signature(t) for other in SPLIT_AVOIDS.get(split, ()) for t in tasks(other, kinds)}
     out = []
     while len(out) < SPLIT_SIZES[split]:
-        kind = SPLIT_KINDS[split][len(out) % len(SPLIT_KINDS[split])]
+        kind = split_kinds[len(out) % len(split_kinds)]
         task = _layout(rng, kind, len(out), split)
         if _signature(task) not in seen:
             seen.add(_signature(task))

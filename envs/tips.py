@@ -14,9 +14,12 @@ import random
 import re
 
 from envs import valid_actions_of
+from envs.rooms import KINDS
 
 ROOM_RE = re.compile(r"You are in the (\w+)\. You see: (.*?)\. Doors lead to: (.*?)\.")
 # the order of a rooms tip's sentences, most useful to a reader first ("behind": rooms-far only)
+# the instruction "Your task is to <verb> the <colour> <noun>." for every kind rooms knows
+GOAL_RE = re.compile(r"Your task is to (" + "|".join(verb for verb, _, _ in KINDS.values()) + r") the (.+?)\.")
 ORDER = ("score", "next", "behind", "saw", "went", "tried")
 
 
@@ -47,9 +50,11 @@ def rooms_facts(transcript: list[dict], final_obs: str, score: float) -> dict[st
         facts["tried"] = "Tried " + "; ".join(dict.fromkeys(tried)) + "."
     unexplored = [d for d in doors if d not in visited]
     if score >= 1.0:
-        facts["next"] = f"Done in the {visited[-1]}: go there directly." if visited else "Done."
+        facts["next"] = f"Done in the {visited[-1]}." if visited else "Done."
     elif unexplored:
-        facts["next"] = "Never entered " + ", ".join(unexplored) + ": look there next."
+        facts["next"] = "Never entered " + ", ".join(unexplored) + "."
+    # facts only, no advice such as "look there next": the policy copied such words as its action
+    # (results/rooms-ood-adaptation/README.md)
     return facts
 
 
@@ -132,11 +137,11 @@ class RoomsTipFollower:
         text = " ".join(tips)
         self.done_in = re.findall(r"Done in the (\w+)", text)
         self.seen = " ".join(re.findall(r"Saw (.*?)\.", text))   # "Saw a red box in the garden; ..."
-        self.unexplored = [r for block in re.findall(r"Never entered (.*?):", text) for r in block.split(", ")]
+        self.unexplored = [r for block in re.findall(r"Never entered (.*?)[:.]", text) for r in block.split(", ")]
         self.goal, self.visited = None, set()
 
     def __call__(self, obs: str, rng: random.Random) -> str:
-        goal = re.search(r"Your task is to (turn on|open|water) the (.+?)\.", obs)
+        goal = GOAL_RE.search(obs)
         if goal:
             self.goal = goal.groups()    # (verb, "red light bulb"): the instruction the agent reads
         here = ROOM_RE.search(obs)

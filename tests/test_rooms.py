@@ -69,6 +69,26 @@ def test_val_split_is_new_layouts_and_leaves_train_and_test_alone():
         assert [env.step(a)[1] for a in oracle_actions(task)][-1] == 1.0
 
 
+def test_kinds_give_train_val_and_test_more_verbs_and_leave_ood_unseen():
+    """--task-names for rooms: the kinds of train/val/test (envs.settings maps it); ood keeps its own kind."""
+    kinds = envs.settings("rooms", task_names=",".join(rooms.TRAIN_KINDS))[1]
+    assert kinds == {"kinds": rooms.TRAIN_KINDS} and len(rooms.TRAIN_KINDS) == 8 and "plant" not in rooms.TRAIN_KINDS
+    splits = {s: envs.tasks("rooms", s, **kinds) for s in ("train", "val", "test", "ood")}
+    for split in ("train", "val", "test"):
+        assert {t.kind for t in splits[split]} == set(rooms.TRAIN_KINDS), split
+    assert splits["ood"] == envs.tasks("rooms", "ood")
+    sigs = {s: {_signature(t) for t in ts} for s, ts in splits.items()}
+    assert not sigs["val"] & (sigs["train"] | sigs["test"]) and not sigs["train"] & sigs["test"]
+    env = envs.make("rooms")
+    for task in splits["train"][:8]:   # one task of each kind: its verb works on its object
+        env.reset(task)
+        assert [env.step(a)[1] for a in oracle_actions(task)][-1] == 1.0
+    with pytest.raises(ValueError, match="ood split's kinds never train"):
+        envs.tasks("rooms", "train", kinds=("bulb", "plant"))
+    with pytest.raises(ValueError, match="scienceworld and rooms only"):
+        envs.settings("webshop-mini", task_names="bulb")
+
+
 @pytest.mark.parametrize("other", ["train", "test"])
 def test_val_skips_layouts_of_train_and_test_even_from_their_seed(monkeypatch, other):
     """Random layouts rarely collide, so disjointness alone would pass without the check: with the

@@ -5,6 +5,8 @@ import dataclasses
 import random
 import re
 
+import pytest
+
 import envs
 from empo2 import REFLECTION_PROMPT, Config
 from envs.rooms import oracle_actions
@@ -51,7 +53,16 @@ def test_a_failed_rooms_tip_points_at_the_doors_left_unexplored():
     task = envs.tasks("rooms", "test")[3]
     tip = scripted_tip("rooms", *episode("rooms", task, ["go to hallway"] + ["look around"] * 9))
     unexplored = [r for r in task.side_rooms if r != task.start]
-    assert tip.startswith("Score 0.00.") and "Never entered " + ", ".join(unexplored) in tip
+    assert tip.startswith("Score 0.00.") and "Never entered " + ", ".join(unexplored) + "." in tip
+
+
+def test_a_rooms_tip_states_facts_and_gives_no_advice_the_policy_could_copy_as_an_action():
+    """The warm-start policy copied "look there next" from "Never entered cellar: look there next." as its
+    action, an invalid one; every sentence of a rooms tip now opens with the fact it states."""
+    for k, task in enumerate(envs.tasks("rooms", "test")[:20]):
+        tip = scripted_tip("rooms", *episode("rooms", task, seed=k))
+        for sentence in re.split(r"(?<=\.) ", tip):
+            assert re.match(r"(Score [\d.]+|Done in the \w+|Never entered [\w, ]+|Saw .*|Went to .*|Tried .*)\.$", sentence), sentence
 
 
 def test_webshop_tips_never_read_the_hidden_goal(monkeypatch):
@@ -148,11 +159,12 @@ def test_a_warm_start_with_tips_clones_episodes_and_reflections(tiny_policy):
     assert all(t.startswith("Score ") for t in meta["scripted_tips"])
 
 
-def test_the_rooms_tip_follower_goes_where_the_tip_says():
+@pytest.mark.parametrize("split", ["test", "ood"])   # ood: the kind no training task has ("water ... plant")
+def test_the_rooms_tip_follower_goes_where_the_tip_says(split):
     from envs.tips import RoomsTipFollower
-    task = envs.tasks("rooms", "test")[11]
+    task = envs.tasks("rooms", split)[11]
     first = scripted_tip("rooms", *episode("rooms", task, oracle_actions(task)))
-    env, rng = envs.make("rooms", "test"), random.Random(0)
+    env, rng = envs.make("rooms", split), random.Random(0)
     follow = RoomsTipFollower([first + " (score: 1.00)"])
     obs, _ = env.reset(task)
     actions, done = [], False
@@ -177,3 +189,10 @@ def test_memory_demonstrations_show_the_tip_once_and_follow_it(tiny_policy):
         assert all(step["tips"] == [] for step in second.transcript[1:])
     # following the tips pays: the second attempts win far more often than the random first ones
     assert sum(tr.won for tr in seconds) >= sum(tr.won for tr in firsts) + 4
+
+
+def test_the_rooms_tip_follower_reads_tips_written_before_and_after_the_advice_was_dropped():
+    from envs.tips import RoomsTipFollower
+    for tip in ("Score 0.00. Never entered cellar, attic: look there next. Went to kitchen, hallway.",
+                "Score 0.00. Never entered cellar, attic. Went to kitchen, hallway."):
+        assert RoomsTipFollower([tip]).unexplored == ["cellar", "attic"]
