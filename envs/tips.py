@@ -17,9 +17,9 @@ from envs import valid_actions_of
 from envs.rooms import KINDS
 
 ROOM_RE = re.compile(r"You are in the (\w+)\. You see: (.*?)\. Doors lead to: (.*?)\.")
-# the order of a rooms tip's sentences, most useful to a reader first ("behind": rooms-far only)
 # the instruction "Your task is to <verb> the <colour> <noun>." for every kind rooms knows
 GOAL_RE = re.compile(r"Your task is to (" + "|".join(verb for verb, _, _ in KINDS.values()) + r") the (.+?)\.")
+# the order of a rooms tip's sentences, most useful to a reader first ("behind": rooms-far only)
 ORDER = ("score", "next", "behind", "saw", "went", "tried")
 
 
@@ -49,12 +49,12 @@ def rooms_facts(transcript: list[dict], final_obs: str, score: float) -> dict[st
     if tried:
         facts["tried"] = "Tried " + "; ".join(dict.fromkeys(tried)) + "."
     unexplored = [d for d in doors if d not in visited]
+    # facts only, no advice such as "look there next": the policy copied such words as its action
+    # (results/rooms-ood-adaptation/README.md)
     if score >= 1.0:
         facts["next"] = f"Done in the {visited[-1]}." if visited else "Done."
     elif unexplored:
         facts["next"] = "Never entered " + ", ".join(unexplored) + "."
-    # facts only, no advice such as "look there next": the policy copied such words as its action
-    # (results/rooms-ood-adaptation/README.md)
     return facts
 
 

@@ -1,8 +1,8 @@
 """The experiment behind four-kinds/ and eight-kinds/: rooms whose TRAINING split has more kinds of task
 than "turn on ... light bulb" and "open ... box", to see whether a warm start that has seen more verbs acts
-on the ood split's unseen one ("water ... plant"). Validation, test and ood are unchanged. The kinds are
-added by patching envs.rooms in this process only (the repository's rooms keeps its two training kinds),
-so the warm start is cached in its own folder: the cache key hashes envs/rooms.py's source, which the
+on the ood split's unseen one ("water ... plant"). Validation, test and ood are unchanged. Written before rooms
+had them: it patches envs.rooms in this process only (`train.py --task-names` now gives train, val and
+test the kinds; the default stays two). The warm start must be cached in its own folder: the cache key hashes envs/rooms.py's source, which the
 patch does not change, and a shared cache would hand back the two-kind adapter.
 
     EMPO2_CACHE=/tmp/cache-4 python results/rooms-ood-adaptation/more_kinds.py 4 runs/ood-kinds
