@@ -2,9 +2,11 @@
 room, the first action taken there, and how many actions used the task's verb at all.
 
     python results/rooms-ood-adaptation/reached_target.py results/rooms-ood-adaptation/two-kinds
+    python results/rooms-ood-adaptation/reached_target.py results/rooms-ood-adaptation/held-out-cat/ws0 cat
 
 Reads the eval_ood_{off,on,shuffled}.json files evaluate.py writes (each episode's actions are in them);
-the layouts come from envs.tasks("rooms", "ood"), which this script reads and the policy never did.
+the layouts come from envs.tasks("rooms", "ood"), which this script reads and the policy never did. A
+second argument names the ood split's kind when held_out_verb.py changed it (default: plant).
 """
 import collections
 import json
@@ -13,8 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import envs  # noqa: E402
-from envs.rooms import KINDS  # noqa: E402
+from envs.rooms import KINDS, SPLIT_KINDS  # noqa: E402
 
+if len(sys.argv) > 2:
+    SPLIT_KINDS["ood"] = (sys.argv[2],)
 layouts = {t.task_id: t for t in envs.tasks("rooms", "ood")}
 folder = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "two-kinds")
 print("| arm | trial | won | reached the target's room | first action there | actions with the task's verb | 'look around' share | valid actions |")
