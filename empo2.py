@@ -158,6 +158,11 @@ class Config:
     warm_start_seed: int = 0
     """seed of the warm start (its demonstrations and their order); one for every run seed, so all
     runs start from the same policy"""
+    warm_start_mistakes: float = 0.0
+    """share of the demonstrator's steps preceded by an injected invalid action that is shown but not
+    cloned (warm_start.invalid_action), so the warm start sees "Invalid action ..." observations and
+    the demonstrator's recovery from them (noise injection in imitation learning); 0: off, the warm
+    start of the committed results before 2026-12-07"""
     warm_start_tips: bool = False
     """the warm start also clones the reflection step (each demonstrator episode, the reflection prompt
     and a scripted tip written from what the episode saw, envs/tips.py) and a second attempt that
@@ -220,9 +225,9 @@ class Config:
             bad(f"unknown --env {self.env!r}; valid environments: {', '.join(envs.ENV_NAMES)}")
         if self.algo not in ("empo2", "grpo"):
             bad("--algo must be empo2 or grpo")
-        for name in ("p", "q"):
+        for name in ("p", "q", "warm_start_mistakes"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                bad(f"--{name} must be in [0, 1], got {getattr(self, name)}")
+                bad(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
         if self.group_size < 2:
             bad("--group-size must be at least 2: GRPO compares rollouts within a group")
         if self.iterations < 0:

@@ -24,6 +24,8 @@ import hashlib
 import inspect
 import json
 import random
+import re
+import string
 import time
 from pathlib import Path
 
@@ -39,25 +41,68 @@ from utils import mean_ci95, replace_atomically, write_atomically
 from sampler import SharedPrefix
 
 
-def demonstration(policy, env, task, demonstrator, rng: random.Random, use_demo: bool) -> Trajectory:
+def invalid_action(obs: str, previous: str | None, action: str, rng: random.Random) -> str | None:
+    """A wrong action of the two kinds the cloned webshop-mini policy was seen repeating to the step
+    limit (README, "webshop-mini, GRPO, 8 iterations"): its previous action again where this page no
+    longer lists it, or the demonstrator's next action with a made-up argument (a product id that is
+    not on the page). It reads the observation and the demonstrator's own actions, never the task.
+    None where no wrong action is sure to be invalid: a free-text form (search[<your query>]) takes any text."""
+    valid = {envs.normalize_action(a) for a in envs.valid_actions_of(obs)}
+    if not valid or any("<" in a and ">" in a for a in valid):
+        return None
+    wrong = [previous] if previous and envs.normalize_action(previous) not in valid else []
+    parts = re.fullmatch(r"(.*\[)(.+)\]", action) or re.fullmatch(r"(.* )(\S+)", action)
+    if parts:
+        head, arg = parts.groups()
+        keep = 2 if len(arg) >= 6 else 0     # made-up ids start like real ones ("b0..."), as the policy's do
+        made_up = arg[:keep] + "".join(rng.choice(string.ascii_lowercase + string.digits)
+                                       for _ in range(max(4, len(arg)) - keep))
+        made_up = head + made_up + ("]" if head.endswith("[") else "")
+        if envs.normalize_action(made_up) not in valid:
+            wrong.append(made_up)
+    return rng.choice(wrong) if wrong else None
+
+
+def demonstration(policy, env, task, demonstrator, rng: random.Random, use_demo: bool,
+                  mistakes: float = 0.0, mistake_rng: random.Random | None = None) -> Trajectory:
     """One demonstrator episode as a Trajectory whose segments are those rollout() would have built
-    had the policy sampled the same actions (each action ends with the end-of-turn token)."""
+    had the policy sampled the same actions (each action ends with the end-of-turn token).
+
+    mistakes > 0: before each demonstrator action, with this probability (twice in a row at most), an
+    invalid_action is taken first; its tokens are context, not cloned, and the action cloned after it
+    is the one the demonstrator chose on the page itself, which an invalid action leaves unchanged.
+    Its draws come from mistake_rng, so the demonstrator's own draws are those of mistakes = 0."""
     chat = policy.chat
     obs, _ = env.reset(task)
     tr = Trajectory(task=task, group=0, rollout_mode=PLAIN, update_mode=ON_POLICY, first_obs=obs)
     tr.segments.append(("context", policy.encode(episode_start(policy, env, obs, use_demo))))
-    done = False
-    while not done:
-        action = demonstrator(obs, rng)
+    done, previous = False, None
+
+    def take(action: str, cloned: bool):
         act_ids = policy.encode(action) + [policy.end_of_turn_id]
-        tr.segments += [("context", policy.encode(chat.user_to_assistant)), ("action", act_ids)]
+        tr.segments.extend([("context", policy.encode(chat.user_to_assistant)),
+                            ("action" if cloned else "context", act_ids)])
         tr.transcript.append({"observation": obs, "tips": [], "action": action})
-        obs, reward, done, info = env.step(action)
+        next_obs, reward, done, info = env.step(action)
         tr.rewards.append(float(reward))
         tr.transcript[-1].update(reward=float(reward), valid=bool(info.get("valid", True)))
         tr.score, tr.won = float(info.get("score", 0.0)), bool(info.get("won", False))
         if not done:
-            tr.segments.append(("context", policy.encode(policy.after_action(act_ids) + obs)))
+            tr.segments.append(("context", policy.encode(policy.after_action(act_ids) + next_obs)))
+        return next_obs, done
+
+    while not done:
+        action, page = demonstrator(obs, rng), obs
+        for _ in range(2 if mistakes else 0):
+            wrong = invalid_action(page, previous, action, mistake_rng) if mistake_rng.random() < mistakes else None
+            if wrong is None or done:
+                break
+            obs, done = take(wrong, cloned=False)
+            tr.transcript[-1]["injected"] = True
+            previous = wrong
+        if not done:
+            obs, done = take(action, cloned=True)
+            previous = action
     tr.final_obs = obs
     return tr
 
@@ -73,8 +118,10 @@ def demonstrations(policy, cfg, make_kwargs: dict | None = None) -> list[Traject
     tasks = [pool[k] for k in rng.sample(range(len(pool)), min(cfg.warm_start_episodes, len(pool)))]
     tasks += [rng.choice(pool) for _ in range(cfg.warm_start_episodes - len(tasks))]  # a pool smaller than N
     env = envs.make(cfg.env, split="train", seed=cfg.warm_start_seed, **(make_kwargs or {}))
+    mistake_rng = random.Random(cfg.warm_start_seed + 2)
     try:
-        return [demonstration(policy, env, t, demonstrator, rng, cfg.shows_demo) for t in tasks]
+        return [demonstration(policy, env, t, demonstrator, rng, cfg.shows_demo, cfg.warm_start_mistakes, mistake_rng)
+                for t in tasks]
     finally:
         env.close()
 
@@ -172,7 +219,8 @@ def cache_key(policy, cfg) -> dict:
             "episodes": cfg.warm_start_episodes, "epochs": cfg.warm_start_epochs, "lr": cfg.warm_start_lr,
             "batch": cfg.warm_start_batch, "seed": cfg.warm_start_seed, "lora_r": cfg.lora_r, "lora_alpha": cfg.lora_alpha,
             "max_grad_norm": cfg.max_grad_norm, "prompt": hashlib.sha256(prompt.encode()).hexdigest()[:16],
-            "code": source_hash(envs.module(cfg.env), demonstration, demonstrations, behaviour_clone),
+            "code": source_hash(envs.module(cfg.env), invalid_action, demonstration, demonstrations, behaviour_clone),
+            **({"mistakes": cfg.warm_start_mistakes} if cfg.warm_start_mistakes else {}),
             **({"tips": source_hash(tip_demonstration, memory_demonstrations, reflection_prompt, envs.tips)}
                if cfg.warm_start_tips else {})}
 
@@ -226,8 +274,11 @@ def warm_start(policy, cfg, make_kwargs: dict | None = None) -> dict:
     score, score_ci = mean_ci95([100 * tr.score for tr in trajs])
     success, success_ci = mean_ci95([100 * tr.won for tr in trajs])
     tokens = sum(sum(tr.tokens()[1]) for tr in trajs)
+    injected = sum(step.get("injected", False) for tr in trajs for step in tr.transcript)
     print(f"warm start: {len(trajs)} demonstrator episodes on training tasks (score {score:.1f}, success "
-          f"{success:.0f} %, {tokens} action tokens); behaviour cloning for {cfg.warm_start_epochs} epochs")
+          f"{success:.0f} %, {tokens} action tokens"
+          + (f", {injected} injected invalid actions shown, not cloned" if cfg.warm_start_mistakes else "")
+          + f"); behaviour cloning for {cfg.warm_start_epochs} epochs")
     if tip_trajs:
         followed = tip_trajs[len(trajs):]
         print(f"warm start: + {len(trajs)} reflections with scripted tips, e.g. {tip_trajs[0].tip!r}; + {len(followed)} "
@@ -240,7 +291,7 @@ def warm_start(policy, cfg, make_kwargs: dict | None = None) -> dict:
                               "success_rate": float(np.mean([100 * tr.won for tr in tip_trajs[len(trajs):]] or [np.nan]))},
             "demonstrator": {"episodes": len(trajs), "score": score, "score_ci95": score_ci, "success_rate": success,
                              "success_ci95": success_ci, "mean_steps": float(np.mean([len(tr.rewards) for tr in trajs])),
-                             "action_tokens": tokens}}
+                             "action_tokens": tokens, "injected_invalid_actions": injected}}
 
     def write(tmp: Path) -> None:
         policy.model.save_pretrained(tmp / "adapter")

@@ -84,6 +84,77 @@ def test_demonstration_segments_are_what_rollout_builds(tiny_policy, monkeypatch
     assert replay.segments == tr.segments and replay.rewards == tr.rewards
 
 
+def test_injected_mistakes_are_invalid_shown_and_not_cloned(tiny_policy, monkeypatch):
+    """--warm-start-mistakes: every injected action is invalid, its tokens are context (never cloned),
+    the actions cloned are exactly the mistake-free demonstration's, and the token layout is what
+    rollout() builds when the policy itself samples the same actions (mistakes included)."""
+    env = envs.make("webshop-mini", "train")
+    tasks = envs.tasks("webshop-mini", "train")[:6]
+    demo = envs.demonstrator("webshop-mini")
+
+    def run(task, mistakes):
+        return warm_start.demonstration(tiny_policy, env, task, demo, random.Random(0), use_demo=False,
+                                        mistakes=mistakes, mistake_rng=random.Random(2))
+    kinds = set()
+    for task in tasks:
+        plain, noisy = run(task, 0.0), run(task, 0.6)
+        injected = [s for s in noisy.transcript if s.get("injected")]
+        assert injected and all(not s["valid"] for s in injected)
+        assert all(s["valid"] for s in noisy.transcript if not s.get("injected"))
+        cloned = lambda tr: [ids for kind, ids in tr.segments if kind == "action"]
+        assert cloned(noisy) == cloned(plain) and (noisy.score, noisy.won) == (plain.score, plain.won)
+        assert noisy.invalid_actions == len(injected)
+        kinds |= {"repeat" if k and s["action"] == noisy.transcript[k - 1]["action"] else "made-up"
+                  for k, s in enumerate(noisy.transcript) if s.get("injected")}
+    assert kinds == {"repeat", "made-up"}
+
+    # the same tokens as the policy's own loop playing every action, the injected ones included
+    tr = run(tasks[1], 0.6)
+    played = iter(tiny_policy.encode(s["action"]) + [tiny_policy.end_of_turn_id] for s in tr.transcript)
+
+    class Scripted:
+        def generate(self, prompts, keys, *a, **k):
+            return [next(played) for _ in prompts]
+
+    @contextlib.contextmanager
+    def scripted_sampling():
+        yield Scripted()
+    monkeypatch.setattr(tiny_policy, "sampling", scripted_sampling)
+    replay = rollout(tiny_policy, [env], [tasks[1]], [("plain", "on-policy")],
+                     Config(env="webshop-mini", demo="off", warm_start="off"))[0]
+    assert [ids for _, ids in replay.segments] == [ids for _, ids in tr.segments]
+    assert sum(kind == "action" for kind, _ in replay.segments) == len(tr.transcript)
+    assert sum(kind == "action" for kind, _ in tr.segments) == len(tr.transcript) - tr.invalid_actions
+
+
+def test_injected_mistakes_never_read_the_goal(tiny_policy, monkeypatch):
+    """Scrambling the hidden goals changes no action of a demonstration with mistakes, injected or cloned."""
+    def actions():
+        env, rng, mistake_rng = envs.make("webshop-mini", "test"), random.Random(0), random.Random(2)
+        return [[s["action"] for s in warm_start.demonstration(tiny_policy, env, t, envs.demonstrator("webshop-mini"),
+                                                               rng, False, 0.5, mistake_rng).transcript]
+                for t in envs.tasks("webshop-mini", "test")[:8]]
+    plain = actions()
+    catalog = get_catalog()
+    scrambled = copy.deepcopy(catalog.goals)
+    for g in scrambled:
+        g.update(goal_options=["nonexistent option"], attributes=["nothing"], name="x", query="y")
+    monkeypatch.setattr(catalog, "goals", scrambled)
+    assert actions() == plain
+
+
+def test_warm_start_mistakes_setting_is_checked_and_keys_the_cache(tiny_policy):
+    with pytest.raises(ValueError, match="--warm-start-mistakes must be in"):
+        Config(env="rooms", warm_start_mistakes=1.5).check(task_lists=False)
+    off = warm_start.cache_key(tiny_policy, Config(env="rooms"))
+    on = warm_start.cache_key(tiny_policy, Config(env="rooms", warm_start_mistakes=0.2))
+    assert "mistakes" not in off and on["mistakes"] == 0.2
+    assert warm_start.cache_folder(off) != warm_start.cache_folder(on)
+    # a free-text form accepts any text, so nothing there is sure to be invalid
+    assert warm_start.invalid_action("Valid actions: search[<your query>]", None, "search[red shoes]",
+                                     random.Random(0)) is None
+
+
 def lora_state(policy):
     return {k: v.detach().clone() for k, v in policy.model.state_dict().items() if "lora_" in k}
 
