@@ -163,6 +163,10 @@ class Config:
     cloned (warm_start.invalid_action), so the warm start sees "Invalid action ..." observations and
     the demonstrator's recovery from them (noise injection in imitation learning); 0: off, the warm
     start of the committed results before 2026-12-07"""
+    warm_start_spread: bool = False
+    """draw the warm start's training goals evenly over the env's kinds of task (webshop-mini: its 37
+    product types, so behaviour cloning sees every kind of page, e.g. the one type whose products have
+    no options) instead of uniformly; needs --warm-start-episodes >= the number of kinds to cover all"""
     warm_start_tips: bool = False
     """the warm start also clones the reflection step (each demonstrator episode, the reflection prompt
     and a scripted tip written from what the episode saw, envs/tips.py) and a second attempt that
@@ -245,6 +249,8 @@ class Config:
         for name in ("warm_start", "demo"):
             if getattr(self, name) not in ("auto", "on", "off"):
                 bad(f"--{name.replace('_', '-')} must be auto, on or off")
+        if self.warm_start_spread and envs.task_kind(self.env) is None:
+            bad(f"--warm-start-spread: {self.env} has no kinds of task to spread over (webshop-mini has)")
         if self.warm_start == "on" and self.env not in envs.WITH_DEMONSTRATOR:
             bad(f"--warm-start on: {self.env} has no scripted demonstrator")
         if self.report_to not in ("none", "tensorboard"):

@@ -107,6 +107,22 @@ def demonstration(policy, env, task, demonstrator, rng: random.Random, use_demo:
     return tr
 
 
+def spread_over_kinds(pool: list, kind, n: int, rng: random.Random) -> list:
+    """n tasks of the pool taken in turns from each kind of task (kinds in a random order, a random task
+    of the kind each time, no task twice while the kind has unused ones): every kind once before any twice."""
+    by_kind: dict[str, list] = {}
+    for task in pool:
+        by_kind.setdefault(kind(task), []).append(task)
+    order = sorted(by_kind)
+    rng.shuffle(order)
+    unused = {k: rng.sample(by_kind[k], len(by_kind[k])) for k in order}
+    tasks = []
+    while len(tasks) < n:
+        for k in order[:n - len(tasks)]:
+            tasks.append(unused[k].pop() if unused[k] else rng.choice(by_kind[k]))
+    return tasks
+
+
 def demonstrations(policy, cfg, make_kwargs: dict | None = None) -> list[Trajectory]:
     """cfg.warm_start_episodes demonstrator episodes on training tasks drawn with cfg.warm_start_seed."""
     demonstrator = envs.demonstrator(cfg.env)
@@ -115,8 +131,11 @@ def demonstrations(policy, cfg, make_kwargs: dict | None = None) -> list[Traject
                          f"pass --warm-start off")
     rng = random.Random(cfg.warm_start_seed)
     pool = envs.tasks(cfg.env, "train", **envs.settings(cfg.env, cfg.max_steps, cfg.task_names)[1])
-    tasks = [pool[k] for k in rng.sample(range(len(pool)), min(cfg.warm_start_episodes, len(pool)))]
-    tasks += [rng.choice(pool) for _ in range(cfg.warm_start_episodes - len(tasks))]  # a pool smaller than N
+    if cfg.warm_start_spread:
+        tasks = spread_over_kinds(pool, envs.task_kind(cfg.env), cfg.warm_start_episodes, rng)
+    else:
+        tasks = [pool[k] for k in rng.sample(range(len(pool)), min(cfg.warm_start_episodes, len(pool)))]
+        tasks += [rng.choice(pool) for _ in range(cfg.warm_start_episodes - len(tasks))]  # a pool smaller than N
     env = envs.make(cfg.env, split="train", seed=cfg.warm_start_seed, **(make_kwargs or {}))
     mistake_rng = random.Random(cfg.warm_start_seed + 2)
     try:
@@ -221,6 +240,7 @@ def cache_key(policy, cfg) -> dict:
             "max_grad_norm": cfg.max_grad_norm, "prompt": hashlib.sha256(prompt.encode()).hexdigest()[:16],
             "code": source_hash(envs.module(cfg.env), invalid_action, demonstration, demonstrations, behaviour_clone),
             **({"mistakes": cfg.warm_start_mistakes} if cfg.warm_start_mistakes else {}),
+            **({"spread": source_hash(spread_over_kinds, envs.task_kind(cfg.env))} if cfg.warm_start_spread else {}),
             **({"tips": source_hash(tip_demonstration, memory_demonstrations, reflection_prompt, envs.tips)}
                if cfg.warm_start_tips else {})}
 

@@ -74,6 +74,12 @@ def demonstrator(name: str):
     return getattr(module(name), "demonstrator", None)
 
 
+def task_kind(name: str):
+    """The env's function task -> kind of task (webshop-mini: the product type), or None where it has none.
+    It reads the hidden goal, so only the choice of which training tasks to demonstrate may use it."""
+    return getattr(module(name), "task_kind", None)
+
+
 def valid_actions_of(obs: str) -> list[str]:
     """The actions listed on an observation's last "Valid actions: a, b, c" line ([] if none)."""
     for line in reversed(obs.splitlines()):

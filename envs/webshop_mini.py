@@ -181,6 +181,12 @@ def tasks(split: str, data_dir: str | None = None, **kwargs) -> list[WebShopTask
     return get_catalog(data_dir).tasks(split)
 
 
+def task_kind(task: WebShopTask) -> str:
+    """The product type a goal asks for (37 in the shipped catalog). Only warm_start.demonstrations reads
+    it, to spread its goals over the types (--warm-start-spread); no agent or demonstrator sees it."""
+    return get_catalog(task.source or None).goals[task.goal_index]["query"]
+
+
 _DEMO_HEAD = "Instruction: i need a blue cotton t-shirt in size large, and price lower than 20.00 dollars"
 _DEMO_ITEM = (_DEMO_HEAD + "\n[Back to Search] [< Prev]\nSunfield Cotton T-Shirt\nPrice: $12.99 | Rating: 4.5\n"
               "size: [medium] [large]")

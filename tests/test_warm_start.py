@@ -155,6 +155,27 @@ def test_warm_start_mistakes_setting_is_checked_and_keys_the_cache(tiny_policy):
                                      random.Random(0)) is None
 
 
+def test_spread_covers_every_kind_of_task_before_repeating_one(tiny_policy):
+    """--warm-start-spread: n goals cover min(n, kinds) product types, no type twice before all once,
+    the same draw for the same seed; an env without kinds of task is refused."""
+    pool = envs.tasks("webshop-mini", "train")
+    kind = envs.task_kind("webshop-mini")
+    kinds = {kind(t) for t in pool}
+    assert "cat litter" in kinds and len(kinds) > 20   # the one type whose products have no options
+    for n in (10, len(kinds), len(kinds) + 5):
+        tasks = warm_start.spread_over_kinds(pool, kind, n, random.Random(3))
+        counts = [sum(kind(t) == k for t in tasks) for k in kinds]
+        assert len(tasks) == n and max(counts) - min(counts) <= 1 and len({t.task_id for t in tasks}) == n
+    assert warm_start.spread_over_kinds(pool, kind, 12, random.Random(3)) == \
+        warm_start.spread_over_kinds(pool, kind, 12, random.Random(3))
+    # a uniform draw of 32 usually misses types; the spread one never does
+    assert len({kind(pool[k]) for k in random.Random(0).sample(range(len(pool)), 32)}) < len(kinds)
+    key = warm_start.cache_key(tiny_policy, Config(env="webshop-mini", warm_start_spread=True))
+    assert "spread" in key and "spread" not in warm_start.cache_key(tiny_policy, Config(env="webshop-mini"))
+    with pytest.raises(ValueError, match="no kinds of task"):
+        Config(env="rooms", warm_start_spread=True).check(task_lists=False)
+
+
 def lora_state(policy):
     return {k: v.detach().clone() for k, v in policy.model.state_dict().items() if "lora_" in k}
 
