@@ -164,9 +164,10 @@ class Config:
     the demonstrator's recovery from them (noise injection in imitation learning); 0: off, the warm
     start of the committed results before 2026-12-07"""
     warm_start_spread: bool = False
-    """draw the warm start's training goals evenly over the env's kinds of task (webshop-mini: its 37
-    product types, so behaviour cloning sees every kind of page, e.g. the one type whose products have
-    no options) instead of uniformly; needs --warm-start-episodes >= the number of kinds to cover all"""
+    """draw the warm start's training goals evenly over the env's kinds of task (webshop-mini: the 28
+    product types of its training split, so behaviour cloning sees every kind of page, e.g. cat
+    litter's, whose products have no options) instead of uniformly; needs --warm-start-episodes >= the
+    number of kinds to cover all"""
     warm_start_tips: bool = False
     """the warm start also clones the reflection step (each demonstrator episode, the reflection prompt
     and a scripted tip written from what the episode saw, envs/tips.py) and a second attempt that
