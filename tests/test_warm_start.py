@@ -65,22 +65,28 @@ def test_demonstrations_touch_only_the_agents_interface(tiny_policy):
     assert touched <= {"reset", "step", "demo"}, touched
 
 
-def test_demonstration_segments_are_what_rollout_builds(tiny_policy, monkeypatch):
-    """Replaying a demonstration's actions through the policy's own loop must give the same tokens."""
-    env = envs.make("rooms", "train")
-    task = envs.tasks("rooms", "train")[3]
-    tr = warm_start.demonstration(tiny_policy, env, task, envs.demonstrator("rooms"), random.Random(0), use_demo=True)
-    actions = iter(ids for kind, ids in tr.segments if kind == "action")
+def scripted_rollout(policy, monkeypatch, env, task, action_ids, cfg):
+    """rollout() of one plain episode whose sampler "samples" the given action tokens, in order."""
+    actions = iter(action_ids)
 
-    class Scripted:  # a sampler that "samples" the demonstrator's tokens
+    class Scripted:
         def generate(self, prompts, keys, *a, **k):
             return [next(actions) for _ in prompts]
 
     @contextlib.contextmanager
     def scripted_sampling():
         yield Scripted()
-    monkeypatch.setattr(tiny_policy, "sampling", scripted_sampling)
-    replay = rollout(tiny_policy, [env], [task], [("plain", "on-policy")], Config(env="rooms", demo="on"))[0]
+    monkeypatch.setattr(policy, "sampling", scripted_sampling)
+    return rollout(policy, [env], [task], [("plain", "on-policy")], cfg)[0]
+
+
+def test_demonstration_segments_are_what_rollout_builds(tiny_policy, monkeypatch):
+    """Replaying a demonstration's actions through the policy's own loop must give the same tokens."""
+    env = envs.make("rooms", "train")
+    task = envs.tasks("rooms", "train")[3]
+    tr = warm_start.demonstration(tiny_policy, env, task, envs.demonstrator("rooms"), random.Random(0), use_demo=True)
+    actions = [ids for kind, ids in tr.segments if kind == "action"]
+    replay = scripted_rollout(tiny_policy, monkeypatch, env, task, actions, Config(env="rooms", demo="on"))
     assert replay.segments == tr.segments and replay.rewards == tr.rewards
 
 
@@ -110,18 +116,9 @@ def test_injected_mistakes_are_invalid_shown_and_not_cloned(tiny_policy, monkeyp
 
     # the same tokens as the policy's own loop playing every action, the injected ones included
     tr = run(tasks[1], 0.6)
-    played = iter(tiny_policy.encode(s["action"]) + [tiny_policy.end_of_turn_id] for s in tr.transcript)
-
-    class Scripted:
-        def generate(self, prompts, keys, *a, **k):
-            return [next(played) for _ in prompts]
-
-    @contextlib.contextmanager
-    def scripted_sampling():
-        yield Scripted()
-    monkeypatch.setattr(tiny_policy, "sampling", scripted_sampling)
-    replay = rollout(tiny_policy, [env], [tasks[1]], [("plain", "on-policy")],
-                     Config(env="webshop-mini", demo="off", warm_start="off"))[0]
+    played = [tiny_policy.encode(s["action"]) + [tiny_policy.end_of_turn_id] for s in tr.transcript]
+    replay = scripted_rollout(tiny_policy, monkeypatch, env, tasks[1], played,
+                              Config(env="webshop-mini", demo="off", warm_start="off"))
     assert [ids for _, ids in replay.segments] == [ids for _, ids in tr.segments]
     assert sum(kind == "action" for kind, _ in replay.segments) == len(tr.transcript)
     assert sum(kind == "action" for kind, _ in tr.segments) == len(tr.transcript) - tr.invalid_actions
