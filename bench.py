@@ -10,10 +10,15 @@ decode_vs_plain_32_rows            decode tokens/s of the project's sampler (sam
 decode_vs_plain_32_rows_distinct   the same with 32 different prompts, nothing shared (the sampler then
                                    cannot hold the prompt once for all rows)
 sampling_blocked_vs_running_sum    ms of sample_tokens_reference over sample_tokens, 32 rows x 49,152 logits
-decode_matmul_cap_tok_s_{rows}     one decode step's matrix products alone, as tokens/s: about the
+decode_matmul_cap_tok_s_{rows}     one decode step's matrix products alone (F.linear), as tokens/s: about the
                                    ceiling of any decoder on this machine in this dtype; and
                                    decode_share_of_cap_32, the sampler's 32-row decode over it, the two
-                                   timed alternately (best of 4 each)
+                                   timed alternately (best of 4 each); ..._prepacked_...: the same with
+                                   the sampler's prepacked products (oneDNN), the tighter cap where they
+                                   are faster
+onednn_vs_linear_decode_{rows}     decode tokens/s of the sampler with oneDNN's prepacked weights (default)
+                                   over the same with plain F.linear, alternated; decoder_setup_ms_*: the
+                                   cost of preparing the weights once per sampling context
 decode_step_*_ms_32                where a 32-row decode step goes (torch profiler): products, attention,
                                    the rest; decode_parts_bound_tok_s_32, the speed if the rest were free,
                                    and decode_parts_bound_share_of_cap_32, that speed over the cap
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -57,6 +63,7 @@ import torch
 import envs
 from empo2 import Config, rollout
 from memory import TipMemory
+from sampler import CachedSampler, Decoder, prepared_linear
 
 
 def bench_rollout(policy, steps: int, new_tokens: int, repeats: int = 3) -> dict:
@@ -186,12 +193,14 @@ def plain_decode(policy, prompt: list[int], rows: int, steps: int) -> float:
     return (time.perf_counter() - t) / steps
 
 
-def sampler_decode(policy, prompts: list[list[int]], steps: int, around=None) -> float:
+def sampler_decode(policy, prompts: list[list[int]], steps: int, around=None, onednn: bool = True) -> float:
     """Seconds per decode step of the project's sampler, one row per prompt: a first call encodes the
     prompts, the timed call feeds each row its sampled token and decodes `steps` (inside the context
-    manager `around`, e.g. a profiler, when given)."""
+    manager `around`, e.g. a profiler, when given). onednn=False: the Decoder's plain F.linear path."""
     rows = len(prompts)
-    with policy.sampling() as sampler:
+    sampling = policy.sampling() if onednn else contextlib.nullcontext(
+        CachedSampler(policy, decoder=Decoder(policy.model, onednn=False)))
+    with sampling as sampler:
         first = sampler.generate(prompts, list(range(rows)), 1, temperature=1.0)
         with around if around is not None else contextlib.nullcontext():
             t = time.perf_counter()
@@ -286,42 +295,75 @@ def best_time(step, repeats: int) -> float:
     return best
 
 
-def matmul_cap_step(policy, rows: int):
+def matmul_cap_step(policy, rows: int, prepacked: bool = False):
     """One decode step's matrix products alone at `rows` rows (every Linear of the model at its own shape,
-    the LM head included, in the model's dtype), no attention, no element-wise work: a function to time."""
+    the LM head included, in the model's dtype), no attention, no element-wise work: a function to time.
+    prepacked: through sampler.prepared_linear (oneDNN's prepacked weights on CPU), else F.linear."""
     weights = [m.weight.detach() for name, m in policy.model.named_modules()
                if isinstance(m, torch.nn.Linear) and "lora_" not in name]   # base weights, LoRA's A and B left out
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    products = [(prepared_linear(w, None) if prepacked else functools.partial(torch.nn.functional.linear, weight=w),
+                 inputs[w.shape[1]]) for w in weights]
 
     @torch.no_grad()
     def step():
-        for w in weights:
-            torch.nn.functional.linear(inputs[w.shape[1]], w)
+        for product, x in products:
+            product(x)
     return step
 
 
 def bench_matmul_cap(policy, rows=(1, 8, 32, 64), repeats: int = 5) -> dict:
-    """The most decode tokens/s this machine allows: matmul_cap_step's products, best of `repeats`. A
-    rough ceiling: the sampler fuses q|k|v and gate|up into fewer, larger products, and a timing of those
-    fused shapes on one machine (README, Speed) gave caps up to 40 % apart from this."""
-    return {f"decode_matmul_cap_tok_s_{n}": n / best_time(matmul_cap_step(policy, n), repeats) for n in rows}
+    """The most decode tokens/s this machine allows: matmul_cap_step's products, best of `repeats`, with
+    F.linear (decode_matmul_cap_tok_s_*) and with the sampler's prepacked products
+    (decode_matmul_cap_prepacked_tok_s_*). Rough ceilings: the sampler fuses q|k|v and gate|up into
+    fewer, larger products, and a timing of those fused shapes on one machine (README, Speed) gave caps
+    up to 40 % apart from these."""
+    result = {}
+    for n in rows:
+        result[f"decode_matmul_cap_tok_s_{n}"] = n / best_time(matmul_cap_step(policy, n), repeats)
+        result[f"decode_matmul_cap_prepacked_tok_s_{n}"] = n / best_time(matmul_cap_step(policy, n, prepacked=True), repeats)
+    return result
 
 
 def bench_decode_share(policy, rows: int = 32, context: int = 300, steps: int = 16, rounds: int = 4) -> dict:
     """decode_share_of_cap_{rows}: the sampler's decode tokens/s (bench_decode's setting) over the
-    matrix-product cap, the two timed alternately, best of `rounds` each, so that a slow spell of a
-    shared machine hits both sides alike (timed minutes apart, they differed by up to 50 %)."""
+    matrix-product cap, the caps and the decode timed alternately, best of `rounds` each, so that a slow
+    spell of a shared machine hits all alike (timed minutes apart, they differed by up to 50 %);
+    decode_share_of_prepacked_cap_{rows}: the same over the prepacked products' cap, the tighter one
+    wherever oneDNN beats F.linear."""
     prompt = decode_prompt(policy, context)
-    step = matmul_cap_step(policy, rows)
-    decode = cap = float("inf")
+    step, packed = matmul_cap_step(policy, rows), matmul_cap_step(policy, rows, prepacked=True)
+    decode = cap = packed_cap = float("inf")
     with decoding_without_stops(policy):
         for _ in range(rounds):
             decode = min(decode, sampler_decode(policy, [prompt] * rows, steps))
             cap = min(cap, best_time(step, 2))
-    return {f"decode_share_of_cap_{rows}": cap / decode}
+            packed_cap = min(packed_cap, best_time(packed, 2))
+    return {f"decode_share_of_cap_{rows}": cap / decode, f"decode_share_of_prepacked_cap_{rows}": packed_cap / decode}
 
 
-# the kernels a decode step's matrix products and attention run in (bf16 prepacked, or float32's F.linear)
+def bench_onednn(policy, rows=(1, 8, 32, 64), context: int = 300, steps: int = 8, rounds: int = 3) -> dict:
+    """Decode tokens/s with the Decoder's products through oneDNN's prepacked weights (the default) and
+    through plain F.linear, alternated, best of `rounds` each: onednn_vs_linear_decode_{rows}, the ratio.
+    In bf16 F.linear reorders the weight at every call; in float32 it calls MKL. Also the ms of building a
+    Decoder (once per sampling context: the weights are copied with the LoRA update, and reordered)."""
+    prompt = decode_prompt(policy, context)
+    result = {}
+    with decoding_without_stops(policy):
+        for n in rows:
+            best = {True: float("inf"), False: float("inf")}
+            for _ in range(rounds):
+                for onednn in (True, False):
+                    best[onednn] = min(best[onednn], sampler_decode(policy, [prompt] * n, steps, onednn=onednn))
+            result[f"decode_tok_s_sampler_{n}_linear"] = n / best[False]
+            result[f"onednn_vs_linear_decode_{n}"] = best[False] / best[True]
+        for onednn in (True, False):
+            result[f"decoder_setup_ms_{'onednn' if onednn else 'linear'}"] = 1000 * best_time(
+                lambda: Decoder(policy.model, onednn=onednn), 2)
+    return result
+
+
+# the kernels a decode step's matrix products and attention run in (prepacked on CPU, else F.linear's)
 PRODUCT_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm")
 ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
                  "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention")
@@ -456,6 +498,7 @@ def main():
     result.update(bench_scoring(policy))
     result.update(bench_sampling())
     result.update(bench_decode(policy))
+    result.update(bench_onednn(policy))
     result.update(bench_matmul_cap(policy))
     result.update(bench_decode_parts(policy))
     result.update(bench_decode_share(policy))
@@ -469,7 +512,7 @@ def main():
         result.update(bench_iteration(policy))
     ratios = ("decode_vs_plain_32_rows", "decode_vs_plain_32_rows_distinct", "prefill_vs_plain", "rollout_batched_vs_sequential",
               "scoring_single_pass_vs_per_turn", "retrieval_vectorized_vs_loop", "sampling_blocked_vs_running_sum",
-              "lora_in_base_dtype_vs_peft", "keep_freed_memory_decode_32")
+              "lora_in_base_dtype_vs_peft", "keep_freed_memory_decode_32", "onednn_vs_linear_decode_32")
     print(json.dumps({**{k: round(result[k], 2) for k in ratios if k in result},
                       **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items() if k not in ratios}},
                      indent=1))

@@ -198,11 +198,18 @@ def effective_weight(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, base.bias
 
 
-def prepared_linear(weight: torch.Tensor, bias: torch.Tensor | None):
-    """x -> x W^T + b, prepared once for many calls. On CPU in bf16 the weight is reordered once into
-    oneDNN's blocked layout; F.linear reorders it at every call (measured for the default model's
-    matmuls at 32 rows: 44 vs 33 ms per decode step; the results are bit-identical)."""
-    if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+def prepared_linear(weight: torch.Tensor, bias: torch.Tensor | None, onednn: bool = True):
+    """x -> x W^T + b, prepared once for many calls. On CPU the weight is reordered once into oneDNN's
+    blocked layout. In bf16 F.linear reorders it at every call (measured for the default model's
+    matmuls at 32 rows: 44 vs 33 ms per decode step; the results are bit-identical). In float32
+    F.linear calls MKL, which on an AMD EPYC with AVX2 took twice oneDNN's time at decode shapes
+    (the 49,152-row LM head at 32 rows: 42 vs 21 ms; README, Speed); the sums are ordered differently,
+    so float32 results differ from F.linear's in the last bits. onednn=False: plain F.linear (the reference).
+    A CPU without oneDNN's bf16 instructions (AVX2 only) refuses to prepare bf16 weights: F.linear then."""
+    mkldnn = torch.ops.mkldnn
+    bf16_ok = hasattr(mkldnn, "_is_mkldnn_bf16_supported") and mkldnn._is_mkldnn_bf16_supported()
+    if (onednn and weight.device.type == "cpu" and hasattr(mkldnn, "_reorder_linear_weight")
+            and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and bf16_ok))):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return lambda x: torch.nn.functional.linear(x, weight, bias)
@@ -282,6 +289,9 @@ class Decoder:
     a prefix in front of all rows (on CPU, see attend), not copied into each: at 32 rows of a 300-token
     prompt, reading 32 copies of its keys and values was the largest cost of a decode step after the
     matmuls (bench.py, decode_tok_s_sampler_32 vs decode_tok_s_sampler_32_distinct).
+
+    onednn=False multiplies with plain F.linear instead of oneDNN's prepacked weights (prepared_linear):
+    the reference path, which bench.py times beside the default.
     """
 
     FAMILIES = ("llama", "qwen2")
@@ -295,20 +305,20 @@ class Decoder:
                 and not any(isinstance(m, LoraLayer) and any(m.use_dora.values()) for m in model.modules()))
 
     @torch.no_grad()
-    def __init__(self, model):
+    def __init__(self, model, onednn: bool = True):
         lm = model.get_base_model() if hasattr(model, "get_base_model") else model
         config, inner = lm.config, lm.model
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.rotary, self.embed, self.final_norm = inner.rotary_emb, inner.embed_tokens.weight, inner.norm.weight
-        self.lm_head = prepared_linear(effective_weight(lm.lm_head)[0], None)
+        self.lm_head = prepared_linear(effective_weight(lm.lm_head)[0], None, onednn)
 
         def fused(*linears):  # one matmul for several projections of the same input
             weights, biases = zip(*(effective_weight(m) for m in linears))
             bias = None if all(b is None for b in biases) else torch.cat(
                 [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-            return prepared_linear(torch.cat(weights) if len(weights) > 1 else weights[0], bias)
+            return prepared_linear(torch.cat(weights) if len(weights) > 1 else weights[0], bias, onednn)
         self.layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp

@@ -14,8 +14,17 @@ def test_decode_parts_finds_the_products_and_the_attention_in_the_profile(tiny_p
 
 def test_decode_share_times_the_sampler_against_its_own_products(tiny_policy):
     # the products are part of every decode step, so the sampler can only be slower than them alone
-    share = bench.bench_decode_share(tiny_policy, rows=4, context=20, steps=3, rounds=2)["decode_share_of_cap_4"]
-    assert 0 < share < 1
+    shares = bench.bench_decode_share(tiny_policy, rows=4, context=20, steps=3, rounds=2)
+    assert 0 < shares["decode_share_of_cap_4"] < 1
+    assert 0 < shares["decode_share_of_prepacked_cap_4"] < 1
+
+
+def test_onednn_bench_times_both_product_paths(tiny_policy):
+    stops = list(tiny_policy.stop_ids)
+    result = bench.bench_onednn(tiny_policy, rows=(2,), context=20, steps=2, rounds=1)
+    assert result["onednn_vs_linear_decode_2"] > 0 and result["decode_tok_s_sampler_2_linear"] > 0
+    assert result["decoder_setup_ms_onednn"] > 0 and result["decoder_setup_ms_linear"] > 0
+    assert tiny_policy.stop_ids == stops
 
 
 def test_keep_freed_memory_bench_leaves_memory_kept(tiny_policy, resident_bytes_freed):

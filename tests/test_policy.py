@@ -99,13 +99,14 @@ SHARED = "You are a text-game agent. Reply with exactly one valid action.\n"
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("merged", [False, True])
-@pytest.mark.parametrize("decoder", [Decoder, HFDecoder])
+@pytest.mark.parametrize("decoder", [Decoder, HFDecoder, "linear"])
 @pytest.mark.parametrize("shared", [False, True])
 def test_sampled_tokens_are_those_of_a_plain_forward_with_the_same_draws(arch, merged, decoder, shared, request):
     """Sampling at temperature 1 through the kept cache (unequal rows: holes; a grown second call past the
     cache's first capacity; a finished episode leaving) must draw exactly the tokens a plain uncached
     forward pass draws with the same random numbers, for the LoRA merged into the weights or not, and
-    with the prompt all rows start with held once as Decoder's shared prefix."""
+    with the prompt all rows start with held once as Decoder's shared prefix; "linear" is Decoder with
+    its products through F.linear instead of oneDNN's prepacked weights."""
     import contextlib
     policy = request.getfixturevalue("tiny_policy" if arch == "llama" else "tiny_qwen_policy")
     assert Decoder.supports(policy.model)
@@ -116,10 +117,11 @@ def test_sampled_tokens_are_those_of_a_plain_forward_with_the_same_draws(arch, m
     head = enc(SHARED) if shared else []
     prompts = [head + enc(t) for t in ("Go", "A long hallway with three doors, one of them red. Open", "Kitchen sink")]
     with torch.no_grad(), (policy.merged_lora() if merged else contextlib.nullcontext()):
-        sampler = CachedSampler(policy, decoder(policy.model))
+        made = Decoder(policy.model, onednn=False) if decoder == "linear" else decoder(policy.model)
+        sampler = CachedSampler(policy, made)
         torch.manual_seed(5)
         first = sampler.generate(prompts, [0, 1, 2], 6, temperature=1.0)
-        if decoder is Decoder:
+        if decoder is not HFDecoder:
             assert (sampler.decoder.prefix is not None) == shared
         assert first == sample_without_cache(policy, prompts, 6, 1.0, seed=5)
         grown = [prompts[k] + first[k] + enc(" You see a key, a lamp and a very long corridor. Take") for k in (0, 2)]
@@ -127,6 +129,25 @@ def test_sampled_tokens_are_those_of_a_plain_forward_with_the_same_draws(arch, m
         second = sampler.generate(grown, [0, 2], 5, temperature=1.0)
         assert sampler.episode_ids == [0, 2]
         assert second == sample_without_cache(policy, grown, 5, 1.0, seed=6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepared_linear_multiplies_as_f_linear(dtype):
+    """oneDNN's prepacked product (the default on CPU) is x W^T + b: bit-identical to F.linear in bf16,
+    equal up to the order of float32 sums in float32; onednn=False is F.linear itself."""
+    from sampler import prepared_linear
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 64, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    x = torch.randn(7, 64, generator=g).to(dtype)
+    reference = torch.nn.functional.linear(x, w, b)
+    assert torch.equal(prepared_linear(w, b, onednn=False)(x), reference)
+    out = prepared_linear(w, b)(x)
+    assert out.dtype == dtype and out.shape == (7, 96)
+    if dtype == torch.bfloat16:
+        assert torch.equal(out, reference)
+    else:
+        torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+        assert not torch.equal(prepared_linear(w, b)(x), prepared_linear(w.flip(0), b)(x))  # it reads the weight
 
 
 @pytest.mark.parametrize("gather_below", [0.0, 1.0])
