@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import sys
 import time
@@ -302,8 +301,7 @@ def matmul_cap_step(policy, rows: int, prepacked: bool = False):
     weights = [m.weight.detach() for name, m in policy.model.named_modules()
                if isinstance(m, torch.nn.Linear) and "lora_" not in name]   # base weights, LoRA's A and B left out
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
-    products = [(prepared_linear(w, None) if prepacked else functools.partial(torch.nn.functional.linear, weight=w),
-                 inputs[w.shape[1]]) for w in weights]
+    products = [(prepared_linear(w, None, onednn=prepacked), inputs[w.shape[1]]) for w in weights]
 
     @torch.no_grad()
     def step():

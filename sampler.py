@@ -207,11 +207,11 @@ def prepared_linear(weight: torch.Tensor, bias: torch.Tensor | None, onednn: boo
     so float32 results differ from F.linear's in the last bits. onednn=False: plain F.linear (the reference).
     A CPU without oneDNN's bf16 instructions (AVX2 only) refuses to prepare bf16 weights: F.linear then."""
     mkldnn = torch.ops.mkldnn
-    bf16_ok = hasattr(mkldnn, "_is_mkldnn_bf16_supported") and mkldnn._is_mkldnn_bf16_supported()
-    if (onednn and weight.device.type == "cpu" and hasattr(mkldnn, "_reorder_linear_weight")
-            and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and bf16_ok))):
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    packable = weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and hasattr(
+        mkldnn, "_is_mkldnn_bf16_supported") and mkldnn._is_mkldnn_bf16_supported())
+    if onednn and packable and weight.device.type == "cpu" and hasattr(mkldnn, "_reorder_linear_weight"):
+        packed = mkldnn._reorder_linear_weight(weight.detach())
+        return lambda x: mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return lambda x: torch.nn.functional.linear(x, weight, bias)
 
 
