@@ -1,6 +1,8 @@
 """The Decoder's products through oneDNN's prepacked weights (default) vs plain F.linear, in float32
 on a CPU without native bf16, and whether the two draw the same tokens; printed as one JSON object
-(onednn-fp32-2026-12-07.json). Run from the repository root: python results/bench/onednn_fp32.py"""
+(onednn-fp32-2026-12-07.json). Run from the repository root: python results/bench/onednn_fp32.py
+That JSON was printed by this script's first version, which wrote the CPU as a hand-typed "cpu" string
+where this one reads the avx512_bf16 flag; the measurements are the same code."""
 import json
 import sys
 from pathlib import Path
