@@ -17,16 +17,6 @@ from runs import read_sample_tips
 TINY = ["--episodes", "2", "--max-steps", "2", "--max-new-tokens", "4", "--tip-max-new-tokens", "4"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The machine's cores are shared: two threads per op oversubscribe them and run ~10x slower."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def strict_json(path):
     def refuse(token):
         raise ValueError(f"{path} holds {token}: not strict JSON")

@@ -133,6 +133,17 @@ def test_a_run_trained_without_test_evaluation_is_evaluated_on_test_when_resumed
     assert json.loads((tmp_path / "later" / "config.json").read_text())["lr"] == 1e-2
 
 
+def test_a_cached_evaluation_of_one_episode_prints_no_interval(tmp_path, tiny_model_dir, capsys):
+    """One episode has no interval (NaN, stored as null): the second run reads the untrained evaluation
+    from the cache and must print it, not fail formatting the null."""
+    printed = []
+    for name in ("first", "second"):
+        assert train.main(tiny_args(tiny_model_dir, tmp_path, name, 0, "--eval-episodes", "1")) == 0
+        printed.append([line for line in capsys.readouterr().out.splitlines() if line.startswith("untrained")])
+    assert printed[0] and not any("(cached)" in line for line in printed[0])
+    assert printed[1] and all("(cached)" in line and line.count("± n/a") == 2 for line in printed[1])
+
+
 def test_corrupt_checkpoint_is_named_and_the_run_refuses_to_resume(tmp_path, tiny_model_dir):
     assert train.main(tiny_args(tiny_model_dir, tmp_path, "r", 1, "--eval-episodes", "0")) == 0
     ckpt = tmp_path / "r" / "checkpoint.pt"
