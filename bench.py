@@ -179,15 +179,16 @@ def bench_retrieval(entries: int = 10_000, queries: int = 20) -> dict:
 def plain_decode(policy, prompt: list[int], rows: int, steps: int) -> float:
     """Seconds per decode step of a plain Hugging Face forward with a DynamicCache (no mask, all rows the
     same length): the prompt encoded once and its cache copied to every row, then `steps` sampled tokens."""
-    from sampler import sample_tokens
-    model = policy.model
-    out = model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
+    from transformers import DynamicCache
+
+    from sampler import sample_tokens, with_cache
+    model, cache = policy.model, DynamicCache()
+    out = model(input_ids=torch.tensor([prompt]), **with_cache(model, cache), use_cache=True, logits_to_keep=1)
     cache.batch_repeat_interleave(rows)
     token = sample_tokens(out.logits[:, -1].float().expand(rows, -1), 1.0)
     t = time.perf_counter()
     for _ in range(steps):
-        out = model(input_ids=token[:, None], past_key_values=cache, use_cache=True)
+        out = model(input_ids=token[:, None], **with_cache(model, cache), use_cache=True)
         token = sample_tokens(out.logits[:, -1].float(), 1.0)
     return (time.perf_counter() - t) / steps
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from sampler import CachedSampler, Decoder, SharedPrefix, lora_in_base_dtype
+from sampler import CachedSampler, Decoder, SharedPrefix, lora_in_base_dtype, with_cache
 from utils import replace_atomically
 
 DEFAULT_MODEL = "default"
@@ -188,7 +188,7 @@ class Policy:
             raise ValueError("an action token is predicted inside the shared prefix")
         # position t-1 predicts token t; positions continue after the prefix (the cache says where)
         with self.lora_compute():
-            out = self.model(input_ids=ids_t[None, start:], past_key_values=past, use_cache=past is not None,
+            out = self.model(input_ids=ids_t[None, start:], **with_cache(self.model, past), use_cache=past is not None,
                              logits_to_keep=targets - 1 - start)
         logits = out.logits[0].float() / temperature                           # (n, V)
         logp_all = torch.log_softmax(logits, dim=-1)

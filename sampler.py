@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from policy import Policy
 
 
+def with_cache(model, cache) -> dict:
+    """The keyword argument that hands `cache` to model's forward pass: `cache` since transformers 5.24,
+    `past_key_values` before (5.24-5.39 still accept the old name with a FutureWarning; 5.40 drops it)."""
+    import inspect
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+    return {name: cache}
+
+
 class SharedPrefix:
     """The keys and values of the tokens a set of trajectories starts with (system prompt, example turns,
     a group's task), encoded once for all of them; exact, gradients included.
@@ -52,7 +61,7 @@ class SharedPrefix:
         from transformers import DynamicCache
         cache = DynamicCache()
         with policy.lora_compute():
-            policy.model(input_ids=torch.tensor([self.ids], device=policy.device), past_key_values=cache,
+            policy.model(input_ids=torch.tensor([self.ids], device=policy.device), **with_cache(policy.model, cache),
                          use_cache=True, logits_to_keep=1)
         self.graph = [(layer.keys, layer.values) for layer in cache.layers]      # each (1, kv heads, n, head dim)
         grad = torch.is_grad_enabled()
@@ -471,7 +480,7 @@ class HFDecoder:
         # makes the LM head's matmul copy its weight B times (measured: 0.95 of 1.6 s on CPU)
         last = torch.tensor([L - 1], device=block.device)
         out = self.model(input_ids=block, attention_mask=attention, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=last)
+                         **with_cache(self.model, self.cache), use_cache=True, logits_to_keep=last)
         return out.logits[:, -1].float()
 
 

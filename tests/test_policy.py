@@ -267,6 +267,28 @@ def test_blocked_sampling_draws_what_one_running_sum_draws(vocab):
     assert set(sample_tokens(logits[:1].expand(400, -1), 0.8).tolist()) == {2, vocab - 4}
 
 
+def test_forward_passes_with_a_cache_use_the_installed_transformers_keyword(tiny_policy):
+    """Every forward pass that hands the model a KV cache (SharedPrefix, score after a prefix, HFDecoder)
+    names it as the installed transformers wants: no FutureWarning (pytest.ini ignores them elsewhere), and
+    the cache is really used (the prefix is held, HFDecoder's cache grows)."""
+    import warnings
+
+    from sampler import SharedPrefix
+    enc = tiny_policy.encode
+    ids = enc("System: you play a game. Task: find the key.") + enc(" take key")
+    mask = [False] * (len(ids) - 2) + [True, True]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        prefix = SharedPrefix(tiny_policy, [(ids, mask)])
+        logp, _ = tiny_policy.score(ids, mask, prefix=prefix)
+        decoder = HFDecoder(tiny_policy.model, tiny_policy.tokenizer.pad_token_id)
+        decoder.reset(1)
+        block = torch.tensor([ids[:5]])
+        decoder.forward(block, torch.ones_like(block, dtype=torch.bool))
+        decoder.forward(block[:, :1], torch.ones((1, 1), dtype=torch.bool))
+    assert prefix.length > 0 and len(logp) == 2 and decoder.cache.get_seq_length() == 6
+
+
 def test_shared_prefix_gives_the_log_probs_and_gradients_of_separate_passes(tiny_policy):
     """Scoring trajectories that start alike through one SharedPrefix must give exactly the log-probs
     and the LoRA gradient that one full forward and backward pass per trajectory gives."""
