@@ -188,11 +188,19 @@ def print_iteration(row: dict, memory, cfg: Config) -> None:
 
 
 def seed_everything(seed: int) -> np.random.Generator:
-    """Python, NumPy and torch seeded; the returned generator draws tasks, modes and mini-batches."""
+    """Python, NumPy and torch seeded (evaluations and the warm start draw from these)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     return np.random.default_rng(seed)
+
+
+def iteration_rng(seed: int, it: int) -> np.random.Generator:
+    """Iteration it's draws (its tasks, modes and mini-batches; torch's sampling is reseeded from it too)
+    depend on the run's seed and it only, not on what earlier iterations drew. So EMPO² and GRPO (or an
+    ablation) of one seed train on the same tasks at every iteration, and their paired difference does not
+    carry the noise of different task sequences (common random numbers)."""
+    return np.random.default_rng([seed, it])
 
 
 def build(cfg: Config):
@@ -238,8 +246,10 @@ def main(argv=None) -> int:
         for it in range(start, cfg.iterations):
             t0 = time.time()
             # steps 1-2: a batch of tasks, G rollouts each; rollout mode (and update mode) sampled per group
-            batch = [train_tasks[k] for k in rng.choice(len(train_tasks), cfg.tasks_per_iter, replace=False)]
-            modes = sample_modes(rng, cfg.tasks_per_iter, cfg.p, cfg.q)
+            it_rng = iteration_rng(cfg.seed, it)
+            torch.manual_seed(int(it_rng.integers(2**63)))
+            batch = [train_tasks[k] for k in it_rng.choice(len(train_tasks), cfg.tasks_per_iter, replace=False)]
+            modes = sample_modes(it_rng, cfg.tasks_per_iter, cfg.p, cfg.q)
             groups = [g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
             with policy.sampling(keep_finished=cfg.p > 0) as sampler:  # reflection continues the rollout's KV cache
                 trajs = rollout(policy, pool, [batch[g] for g in groups], [modes[g] for g in groups], cfg, groups=groups,
@@ -261,7 +271,7 @@ def main(argv=None) -> int:
             # steps 6-9: the hybrid update (on-policy, on-policy with tips, off-policy without them), mini-batch PPO
             if not probe and start == 0:  # the warm start's own episodes, to measure how far RL moves from it
                 probe = make_probe(policy, acted, reference, cfg)
-            stats = update_policy(policy, optimizer, trajs, advantages, cfg, reference if cfg.kl_coef > 0 else None, rng)
+            stats = update_policy(policy, optimizer, trajs, advantages, cfg, reference if cfg.kl_coef > 0 else None, it_rng)
             stats["losses/approx_kl"] = probe_kl(policy, probe, cfg)
             t_update = time.time() - t0 - t_rollout - t_reflect
             if cfg.val_every and ((it + 1) % cfg.val_every == 0 or it + 1 == cfg.iterations):

@@ -84,6 +84,26 @@ def test_resume_after_interruption_gives_the_same_metrics(tmp_path, tiny_model_d
         train.main(tiny_args(tiny_model_dir, tmp_path, "cut", 3))
 
 
+def test_empo2_and_grpo_of_one_seed_train_on_the_same_tasks_at_every_iteration(tmp_path, tiny_model_dir, monkeypatch):
+    """Each iteration draws from its own generator (train.iteration_rng): GRPO draws one number per group
+    for its modes, EMPO² two for a memory group, and EMPO² samples tips, yet both play the same tasks, and
+    the tasks differ between iterations (the check is not void)."""
+    played, rollout = [], train.rollout
+
+    def spy(policy, pool, tasks, *a, **k):
+        played[-1].append([t.task_id for t in tasks])
+        return rollout(policy, pool, tasks, *a, **k)
+    monkeypatch.setattr(train, "rollout", spy)
+    for algo in ("empo2", "grpo"):
+        played.append([])
+        assert train.main(tiny_args(tiny_model_dir, tmp_path, algo, 4, "--algo", algo, "--p", "0.5",
+                                    "--eval-episodes", "0")) == 0
+    empo2, grpo = played
+    assert len(empo2) == len(grpo) == 4 and empo2 == grpo and len({tuple(ids) for ids in grpo}) > 1
+    modes = [r["modes/plain"] for r in read_metrics(tmp_path / "empo2")]
+    assert min(modes) < 2   # of the 2 groups, some iteration drew a memory group: GRPO's mode draws differ
+
+
 def test_a_run_trained_without_test_evaluation_is_evaluated_on_test_when_resumed(tmp_path, tiny_model_dir, capsys,
                                                                                 monkeypatch):
     """A validation-sweep run (--eval-episodes 0) resumed with --eval-episodes N gets the untrained, warm-start
