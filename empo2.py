@@ -146,7 +146,7 @@ class Config:
     model to act; they cost ~480 tokens per webshop-mini episode), on or off"""
     warm_start: str = "auto"
     """behaviour-cloning warm start on episodes of the env's scripted demonstrator (warm_start.py):
-    auto (on for the default model, off for hub models), on or off"""
+    auto (on for the default model in an env with a demonstrator, off for hub models and scienceworld), on or off"""
     warm_start_episodes: int = 32
     """demonstrator episodes the warm start clones"""
     warm_start_epochs: int = 2
