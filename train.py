@@ -195,12 +195,14 @@ def seed_everything(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def iteration_rng(seed: int, it: int) -> np.random.Generator:
-    """Iteration it's draws (its tasks, modes and mini-batches; torch's sampling is reseeded from it too)
-    depend on the run's seed and it only, not on what earlier iterations drew. So EMPO² and GRPO (or an
-    ablation) of one seed train on the same tasks at every iteration, and their paired difference does not
-    carry the noise of different task sequences (common random numbers)."""
-    return np.random.default_rng([seed, it])
+def seed_iteration(seed: int, it: int) -> np.random.Generator:
+    """Iteration it's draws: torch's sampling reseeded, and the returned generator for its tasks, modes and
+    mini-batches, from the run's seed and it only, not from what earlier iterations drew. So EMPO² and GRPO
+    (or an ablation) of one seed train on the same tasks at every iteration, and their paired difference
+    does not carry the noise of different task sequences (common random numbers)."""
+    rng = np.random.default_rng([seed, it])
+    torch.manual_seed(int(rng.integers(2**63)))
+    return rng
 
 
 def build(cfg: Config):
@@ -235,8 +237,7 @@ def main(argv=None) -> int:
     pool, policy, embedder = build(cfg)
     start, evals, ckpt, rows, memory, novelty = resume_state(run, cfg, policy, rng)
     starting_point(run, cfg, policy, pool, eval_tasks, val_tasks, evals, start, ckpt.get("reference") if ckpt else None)
-    # the reference policy (KL penalty, KL probe) is where RL starts: the warm start
-    reference = ckpt["reference"] if ckpt and "reference" in ckpt else policy.lora_state()
+    reference = ckpt["reference"] if ckpt and "reference" in ckpt else policy.lora_state()  # KL reference: the warm start
     probe = ckpt.get("probe", []) if ckpt else []
     optimizer = torch.optim.AdamW(policy.lora_parameters(), lr=cfg.lr, weight_decay=0.0)
     if ckpt is not None:
@@ -246,8 +247,7 @@ def main(argv=None) -> int:
         for it in range(start, cfg.iterations):
             t0 = time.time()
             # steps 1-2: a batch of tasks, G rollouts each; rollout mode (and update mode) sampled per group
-            it_rng = iteration_rng(cfg.seed, it)
-            torch.manual_seed(int(it_rng.integers(2**63)))
+            it_rng = seed_iteration(cfg.seed, it)
             batch = [train_tasks[k] for k in it_rng.choice(len(train_tasks), cfg.tasks_per_iter, replace=False)]
             modes = sample_modes(it_rng, cfg.tasks_per_iter, cfg.p, cfg.q)
             groups = [g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]

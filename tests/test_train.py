@@ -85,7 +85,7 @@ def test_resume_after_interruption_gives_the_same_metrics(tmp_path, tiny_model_d
 
 
 def test_empo2_and_grpo_of_one_seed_train_on_the_same_tasks_at_every_iteration(tmp_path, tiny_model_dir, monkeypatch):
-    """Each iteration draws from its own generator (train.iteration_rng): GRPO draws one number per group
+    """Each iteration draws from its own generator (train.seed_iteration): GRPO draws one number per group
     for its modes, EMPO² two for a memory group, and EMPO² samples tips, yet both play the same tasks, and
     the tasks differ between iterations (the check is not void)."""
     played, rollout = [], train.rollout
