@@ -188,7 +188,7 @@ def print_iteration(row: dict, memory, cfg: Config) -> None:
 
 
 def seed_everything(seed: int) -> np.random.Generator:
-    """Python, NumPy and torch seeded (evaluations and the warm start draw from these)."""
+    """Python, NumPy and torch seeded for the run; each iteration then reseeds its own draws (seed_iteration)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -13,8 +13,8 @@ The four executions use the real default model: about 1-2 min each on 2 CPU core
 """
 import ast
 import dataclasses
-import os
 import json
+import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
