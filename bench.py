@@ -62,7 +62,8 @@ import torch
 import envs
 from empo2 import Config, rollout
 from memory import TipMemory
-from sampler import CachedSampler, Decoder, prepared_linear
+from sampler import (CachedSampler, Decoder, keep_freed_memory, prepared_linear, sample_tokens, sample_tokens_reference,
+                     with_cache)
 
 
 def bench_rollout(policy, steps: int, new_tokens: int, repeats: int = 3) -> dict:
@@ -181,7 +182,6 @@ def plain_decode(policy, prompt: list[int], rows: int, steps: int) -> float:
     same length): the prompt encoded once and its cache copied to every row, then `steps` sampled tokens."""
     from transformers import DynamicCache
 
-    from sampler import sample_tokens, with_cache
     model, cache = policy.model, DynamicCache()
     out = model(input_ids=torch.tensor([prompt]), **with_cache(model, cache), use_cache=True, logits_to_keep=1)
     cache.batch_repeat_interleave(rows)
@@ -231,7 +231,6 @@ def bench_keep_freed_memory(policy, rows: int = 32, context: int = 300, steps: i
     """Decode tokens/s at `rows` rows with glibc's default memory thresholds and with freed memory kept
     in the process (sampler.keep_freed_memory), alternated; keep_freed_memory_decode_{rows}: the ratio.
     Leaves freed memory kept, as train.py and evaluate.py do."""
-    from sampler import keep_freed_memory
     prompt = decode_prompt(policy, context)
     best = {False: float("inf"), True: float("inf")}
     with decoding_without_stops(policy):
@@ -271,7 +270,6 @@ def bench_sampling(rows: int = 32, vocab: int = 49152, repeats: int = 50) -> dic
     """ms per call of sampler.sample_tokens (the draw located in block sums, then in its block) and of
     sample_tokens_reference (one float64 running sum over the vocabulary) on the same logits, once per
     decode step of `rows` rows."""
-    from sampler import sample_tokens, sample_tokens_reference
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3
     result = {}
     for name, f in (("blocked", sample_tokens), ("reference", sample_tokens_reference)):

@@ -61,7 +61,7 @@ from empo2 import (MEMORY, NO_UPDATE, PLAIN, Config, add_config_flags, episode_r
 from memory import Embedder, TipMemory
 from runs import RENAMED_METRICS, read_metrics, read_sample_tips
 from sampler import keep_freed_memory
-from utils import json_safe, replace_atomically, write_atomically
+from utils import fmt_ci, json_safe, replace_atomically, write_atomically
 
 SPLITS = ("val", "test", "ood")
 STAGES = ("untrained", "warm_start", "trained")   # train.py's eval.json: held-out evaluations of a run
@@ -359,13 +359,6 @@ def group_label(group: list[dict]) -> str:
         return group[0]["name"]
     distinct = len({str(r["seed"]) for r in group}) == len(group)
     return f"{base} ({len(group)} {'seeds' if distinct else 'runs'})"
-
-
-def fmt_ci(mean, ci, digits=1) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "–"
-    half = "n/a" if ci is None or (isinstance(ci, float) and math.isnan(ci)) else f"{ci:.{digits}f}"
-    return f"{mean:.{digits}f} ± {half}"
 
 
 def fmt_ratio(rc: dict) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import random
 import re
 import sys
@@ -18,7 +17,7 @@ import torch
 import envs
 from empo2 import Config, evaluate_policy
 from memory import NoveltyCounter, TipMemory
-from utils import json_safe, replace_atomically, write_atomically
+from utils import fmt_ci, json_safe, replace_atomically, write_atomically
 from warm_start import source_hash
 
 
@@ -247,8 +246,6 @@ def cached_evaluation(policy, pool, tasks, cfg: Config, weights: str) -> dict:
 
 def print_eval(label: str, e: dict, cfg: Config, split: str = "test") -> None:
     cached = " (cached)" if e.get("cached") else ""
-    # one episode has no interval: NaN in memory, null once read back from a file (json_safe)
-    ci = lambda x: "n/a" if x is None or not math.isfinite(x) else f"{x:.1f}"
-    print(f"{label:11s} ({split} split, no memory, T={cfg.eval_temperature}): score {e['score']:.1f} ± {ci(e['score_ci95'])}, "
-          f"success {e['success_rate']:.1f} ± {ci(e['success_ci95'])} %, valid actions {e['valid_action_rate']:.0f} %, "
+    print(f"{label:11s} ({split} split, no memory, T={cfg.eval_temperature}): score {fmt_ci(e['score'], e['score_ci95'])}, "
+          f"success {fmt_ci(e['success_rate'], e['success_ci95'])} %, valid actions {e['valid_action_rate']:.0f} %, "
           f"{e['mean_steps']:.1f} steps, {len(e['episodes'])} episodes{cached}", flush=True)

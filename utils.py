@@ -59,6 +59,14 @@ def json_safe(obj):
     return obj
 
 
+def fmt_ci(mean, ci, digits=1) -> str:
+    """"mean ± ci"; "n/a" for an interval one value cannot give (NaN in memory, null once read from a file)."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    half = "n/a" if ci is None or (isinstance(ci, float) and math.isnan(ci)) else f"{ci:.{digits}f}"
+    return f"{mean:.{digits}f} ± {half}"
+
+
 def mean_ci95(values) -> tuple[float, float]:
     """Mean and the half-width of a normal-approximation 95 % confidence interval (many episodes;
     over a handful of seeds use evaluate.t_interval)."""
