@@ -910,14 +910,16 @@ def eval_subset(tasks: list, n: int) -> list:
 def evaluate_policy(policy, env_pool, tasks, cfg: Config, desc: str = "eval", seed: int | None = None) -> dict:
     """The paper's main metric: the policy WITHOUT memory, temperature 0.4, one episode per task.
 
-    With a seed, sampling draws from its own generator state (the caller's is restored after), so the
-    same weights and seed give the same episodes whenever the evaluation runs."""
+    With a seed, each batch of len(env_pool) episodes samples from its own seed, batch_seed(seed, 1, start)
+    (the caller's generator state is restored after), so the same weights, seed and batch size give the
+    same episodes wherever the evaluation runs: train.py's final evaluation is what
+    `evaluate.py --run RUN` plays again (its batch size defaults to the run's pool)."""
     devices = [policy.device] if policy.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
         results = []
         for start in range(0, len(tasks), len(env_pool)):
+            if seed is not None:
+                torch.manual_seed(batch_seed(seed, 1, start))
             chunk = tasks[start:start + len(env_pool)]
             trajs = rollout(policy, env_pool, chunk, [(PLAIN, NO_UPDATE)] * len(chunk), cfg,
                             temperature=cfg.eval_temperature, desc=desc)
@@ -925,10 +927,18 @@ def evaluate_policy(policy, env_pool, tasks, cfg: Config, desc: str = "eval", se
     return {**episode_stats(results), "episodes": results}
 
 
+def batch_seed(seed: int, trial: int, start: int) -> int:
+    """The sampling seed of the evaluation batch that begins at tasks[start] in a trial (trial 1 without
+    memory is the main metric): one seed per batch, so what an earlier batch drew (or a reflection between
+    batches) never shifts a later one, and every arm of the adaptation test plays trial 1 alike."""
+    return seed * 1_000_003 + trial * 10_007 + start
+
+
 def episode_record(tr: Trajectory) -> dict:
-    """What evaluation keeps of an episode."""
+    """What evaluation keeps of an episode (its actions too, to read what went wrong afterwards)."""
     return {"task_id": tr.task.task_id, "reward": tr.ext_return, "won": tr.won, "steps": len(tr.rewards),
-            "valid_steps": sum(bool(s.get("valid", False)) for s in tr.transcript)}
+            "valid_steps": sum(bool(s.get("valid", False)) for s in tr.transcript),
+            "actions": [s["action"] for s in tr.transcript if "action" in s]}
 
 
 def episode_stats(episodes: list[dict]) -> dict:

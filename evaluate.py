@@ -27,7 +27,7 @@ Adaptation (--memory on): K consecutive trials per task; every step retrieves th
 (empo2.store_tips) for the next trial. No optimiser exists here, so the weights cannot change; the
 output records a checksum of the LoRA weights before and after. Tips are sampled at the evaluation
 temperature too. The memory is saved next to the eval file (..._memory.json). Each batch of
---batch-size episodes of each trial samples from its own seed (trial_seed) in every arm, so trial 1,
+--batch-size episodes of each trial samples from its own seed (empo2.batch_seed) in every arm, so trial 1,
 where no tip exists yet, plays the same episodes with memory on, off or shuffled; each episode's
 actions are in the eval file.
 
@@ -37,7 +37,9 @@ stored under the task's own first observation so retrieval finds it exactly as i
 Memory on beating memory off but not shuffled tips means the prompt with a tip helps, not its content.
 
 When --run is given, every setting (env, model, dtype, max steps, tokens per action, ...) defaults
-to the run's config.json; the flags override it.
+to the run's config.json; the flags override it. So does --batch-size (the run's pool): then
+`python evaluate.py --run RUN --episodes N` (N = the run's --eval-episodes) replays the episodes of
+train.py's final evaluation (RUN/eval.json, "trained"), on the same machine and dtype.
 """
 from __future__ import annotations
 
@@ -56,8 +58,8 @@ import torch
 from scipy import stats
 
 import envs
-from empo2 import (MEMORY, NO_UPDATE, PLAIN, Config, add_config_flags, episode_record, episode_stats, eval_subset, reflect,
-                   rollout, store_tips, tip_information)
+from empo2 import (MEMORY, NO_UPDATE, PLAIN, Config, add_config_flags, batch_seed, episode_record, episode_stats, eval_subset,
+                   reflect, rollout, store_tips, tip_information)
 from memory import Embedder, TipMemory
 from runs import RENAMED_METRICS, read_metrics, read_sample_tips
 from sampler import keep_freed_memory
@@ -90,7 +92,9 @@ def parse_args(argv=None):
                    help="runs trained with --val-every: trained - warm start on the validation split, per setting and seed")
     p.add_argument("--metric", default="charts/return_ext", help="--compare: metrics.jsonl key of the learning curves")
     add_config_flags(p, RUN_SETTINGS, keep_run_settings=True)   # the run's settings, overridden where given
-    p.add_argument("--batch-size", type=int, default=8, help="episodes played in lockstep (one env each)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="episodes played in lockstep (one env each; default: the run's pool, tasks per iteration x group "
+                        "size, so --memory off replays train.py's own evaluation of the run; without --run: 8)")
     args = p.parse_args(argv)
     if args.compare is not None or args.sweep is not None:
         if args.run is not None:
@@ -167,6 +171,12 @@ def get_policy(cfg: Config, adapter: Path | None):
     return POLICY_CACHE[key]
 
 
+def batch_size(args, cfg: Config, run: Path | None) -> int:
+    """--batch-size, else the run's pool: lockstep rows share the random draws, so the same seed gives the
+    same episodes only at the same batch size (empo2.evaluate_policy)."""
+    return args.batch_size or (cfg.tasks_per_iter * cfg.group_size if run else 8)
+
+
 def get_embedder(device: str) -> Embedder:
     if device not in EMBEDDER_CACHE:
         EMBEDDER_CACHE[device] = Embedder(device=device)
@@ -196,14 +206,14 @@ def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, 
             # each batch of each trial samples from its own seed in every arm, so reflection's draws do not
             # shift the next batch's: until a tip is shown, memory on and its control play the same episodes
             with torch.random.fork_rng(devices=devices), policy.sampling(keep_finished=memory_on) as sampler:
-                torch.manual_seed(trial_seed(cfg.seed, trial, start))
+                torch.manual_seed(batch_seed(cfg.seed, trial, start))
                 trajs = rollout(policy, pool, chunk, [mode] * len(chunk), cfg, memory=memory, embedder=embedder,
                                 temperature=cfg.eval_temperature, desc=f"{'adapt' if memory_on else 'eval'} trial {trial}",
                                 sampler=sampler)
                 if memory_on:   # the tips continue the episodes' KV cache
                     reflect(policy, trajs, cfg, sampler)   # docs/algorithm.md, step 3: the policy writes itself a tip ...
             played += trajs
-            records += [{**episode_record(tr), "trial": trial, "actions": [s["action"] for s in tr.transcript if "action" in s],
+            records += [{**episode_record(tr), "trial": trial,
                          **({"tips_seen": tr.has_tips, "tip": tr.tip} if memory_on else {})} for tr in trajs]
         if memory_on and not shuffle_tips:
             store_tips(memory, embedder, played)  # ... kept for the next trial; no weight update
@@ -214,11 +224,6 @@ def play_trials(policy, pool, tasks, cfg: Config, trials: int, memory_on: bool, 
               f"{now['success_rate']:.1f} %, steps {now['mean_steps']:.1f}" + (f", memory {len(memory)}" if memory_on else ""),
               flush=True)
     return records
-
-
-def trial_seed(seed: int, trial: int, start: int) -> int:
-    """The sampling seed of the batch of tasks[start:] in a trial: the same in every arm of the test."""
-    return seed * 1_000_003 + trial * 10_007 + start
 
 
 def store_others_tips(memory, embedder, trajs) -> int:
@@ -249,7 +254,7 @@ def evaluate(parser, args) -> Path:
     embedder = get_embedder(str(policy.device)) if memory_on else None
     memory = TipMemory(cfg.memory_threshold, cfg.memory_top_k, cfg.memory_capacity) if memory_on else None
     pool = [envs.make(cfg.env, split=args.split, seed=cfg.seed + i, **make_kwargs)
-            for i in range(min(args.batch_size, len(tasks)))]
+            for i in range(min(batch_size(args, cfg, run), len(tasks)))]
     before = weights_checksum(policy.lora_parameters())
     torch.manual_seed(cfg.seed)
     try:
@@ -265,7 +270,7 @@ def evaluate(parser, args) -> Path:
                            "episodes": len(tasks), "temperature": cfg.eval_temperature, "max_steps": pool[0].max_steps,
                            "max_new_tokens": cfg.max_new_tokens, "tip_max_new_tokens": cfg.tip_max_new_tokens,
                            "model": cfg.model, "dtype": str(next(policy.model.parameters()).dtype).removeprefix("torch."),
-                           "device": str(policy.device), "seed": cfg.seed,
+                           "device": str(policy.device), "seed": cfg.seed, "batch_size": len(pool),
                            "demo": cfg.shows_demo, "task_names": cfg.task_names, "memory_threshold": cfg.memory_threshold,
                            "memory_top_k": cfg.memory_top_k},
               **episode_stats(records)}

@@ -84,6 +84,33 @@ def test_the_runs_adapter_is_what_gets_evaluated(run_dir, eval_off):
     assert any(float(v.abs().max()) > 0 for k, v in saved.items() if "lora_B" in k)  # a fresh LoRA has B = 0
 
 
+def test_evaluate_py_replays_the_final_evaluation_train_py_wrote(run_dir, tmp_path):
+    """With the run's own settings (batch size too: the run's pool of 2 x 2), evaluate.py plays exactly the
+    episodes of eval.json's "trained" evaluation, actions included."""
+    out = tmp_path / "again.json"
+    assert evaluate.main(["--run", str(run_dir), "--episodes", "1", "--out", str(out)]) == 0
+    again, trained = strict_json(out), strict_json(run_dir / "eval.json")["trained"]
+    parser, args = evaluate.parse_args(["--run", str(run_dir)])
+    assert evaluate.batch_size(args, *evaluate.build_config(parser, args)) == 4   # the run's pool (1 task: 1 row used)
+    keys = ("task_id", "reward", "won", "steps", "valid_steps", "actions")
+    assert [{k: e[k] for k in keys} for e in again["episodes"]] == [{k: e[k] for k in keys} for e in trained["episodes"]]
+    assert all(e["actions"] for e in trained["episodes"])
+
+
+def test_the_main_metric_and_the_memory_off_trial_draw_alike_batch_by_batch(tiny_policy):
+    """evaluate_policy (train.py's evaluations) and evaluate.py's memory-off trial 1 seed each batch the same
+    way: at T = 1 over two batches of a random model, the same actions, and a different seed differs."""
+    from empo2 import Config, evaluate_policy
+    cfg = Config(env="rooms", seed=3, eval_temperature=1.0, max_steps=3, max_new_tokens=6, demo="off")
+    tasks = eval_subset(envs.tasks("rooms", "val"), 3)
+    pool = [envs.make("rooms", split="val", seed=cfg.seed + i, max_steps=3) for i in range(2)]
+    main_metric = evaluate_policy(tiny_policy, pool, tasks, cfg, seed=cfg.seed)["episodes"]
+    trial = evaluate.play_trials(tiny_policy, pool, tasks, cfg, 1, memory_on=False)
+    assert [{k: v for k, v in r.items() if k != "trial"} for r in trial] == main_metric
+    other = evaluate_policy(tiny_policy, pool, tasks, cfg, seed=cfg.seed + 1)["episodes"]
+    assert [e["actions"] for e in other] != [e["actions"] for e in main_metric]
+
+
 def test_adaptation_writes_tips_and_never_changes_weights(run_dir, eval_off):
     argv = ["--run", str(run_dir), "--memory", "on", "--trials", "2", *TINY]
     parser, args = evaluate.parse_args(argv)
