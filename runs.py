@@ -46,13 +46,13 @@ def open_run(cfg: Config, given: set[str] = frozenset()) -> tuple[Config, Path]:
     return cfg, run
 
 
-def resume_state(run: Path, cfg: Config, policy, rng) -> tuple[int, dict, dict | None, list, TipMemory, NoveltyCounter]:
+def resume_state(run: Path, cfg: Config, policy) -> tuple[int, dict, dict | None, list, TipMemory, NoveltyCounter]:
     """(first iteration, evals, checkpoint, metrics rows, memory, novelty): where a run starts or continues."""
     start, evals, ckpt = 0, {}, None
     memory = TipMemory(cfg.memory_threshold, cfg.memory_top_k, cfg.memory_capacity)
     novelty = NoveltyCounter(cfg.novelty_threshold)
     if cfg.resume and (run / "checkpoint.pt").exists():
-        ckpt = load_checkpoint(run, policy, rng)
+        ckpt = load_checkpoint(run, policy)
         start, memory, novelty = ckpt["iteration"], ckpt["memory"], ckpt["novelty"]
         evals = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else {}
         print(f"resumed {run} at iteration {start}")
@@ -61,8 +61,8 @@ def resume_state(run: Path, cfg: Config, policy, rng) -> tuple[int, dict, dict |
     return start, evals, ckpt, rows, memory, novelty
 
 
-def save_iteration(run: Path, rows: list[dict], log: "MetricsLog", trajs, policy, optimizer, memory, novelty, rng,
-                   cfg: Config, reference: dict, probe: list) -> None:
+def save_iteration(run: Path, rows: list[dict], log: "MetricsLog", trajs, policy, optimizer, memory, novelty, cfg: Config,
+                   reference: dict, probe: list) -> None:
     """Every file of the iteration first, the checkpoint last: --resume restarts after the last checkpoint."""
     it = rows[-1]["iteration"]
     log.write(rows[-1])
@@ -70,7 +70,7 @@ def save_iteration(run: Path, rows: list[dict], log: "MetricsLog", trajs, policy
     memory.save(run / "memory.json")
     save_adapter(run, policy)
     plot_learning_curve(run, rows)
-    save_checkpoint(run, it + 1, policy, optimizer, memory, novelty, rng, cfg, reference, probe)
+    save_checkpoint(run, it + 1, policy, optimizer, memory, novelty, cfg, reference, probe)
 
 
 class MetricsLog:
@@ -176,26 +176,26 @@ def save_adapter(run: Path, policy) -> None:
     replace_atomically(run / "adapter", policy.model.save_pretrained)
 
 
-def save_checkpoint(run: Path, iteration: int, policy, optimizer, memory, novelty, rng, cfg: Config,
+def save_checkpoint(run: Path, iteration: int, policy, optimizer, memory, novelty, cfg: Config,
                     reference: dict, probe: list) -> None:
     """One plain dict, written to a temp file and renamed: a kill mid-save keeps the previous one."""
     from peft import get_peft_model_state_dict
     ckpt = {"iteration": iteration, "config": dataclasses.asdict(cfg),
             "lora": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(policy.model).items()},
             "reference": {k: v.cpu() for k, v in reference.items()}, "probe": probe,
-            "optimizer": optimizer.state_dict(), "rng": rng_state(rng),
+            "optimizer": optimizer.state_dict(), "rng": rng_state(),
             "memory": json.dumps(memory.to_dict()), "novelty": json.dumps(novelty.to_dict())}
     replace_atomically(run / "checkpoint.pt", lambda tmp: torch.save(ckpt, tmp))
 
 
-def load_checkpoint(run: Path, policy, rng) -> dict:
+def load_checkpoint(run: Path, policy) -> dict:
     """Loads the LoRA weights and the RNG state; returns the checkpoint (iteration, optimizer, memory, novelty)."""
     from peft import set_peft_model_state_dict
     path = run / "checkpoint.pt"
     try:
         ckpt = torch.load(path, weights_only=True)
         set_peft_model_state_dict(policy.model, ckpt["lora"])
-        set_rng_state(rng, ckpt["rng"])
+        set_rng_state(ckpt["rng"])
         ckpt["memory"] = TipMemory.from_dict(json.loads(ckpt["memory"]), f"checkpoint {path}: memory")
         ckpt["novelty"] = NoveltyCounter.from_dict(json.loads(ckpt["novelty"]), f"checkpoint {path}: novelty")
     except FileNotFoundError:
@@ -206,13 +206,14 @@ def load_checkpoint(run: Path, policy, rng) -> dict:
     return ckpt
 
 
-def rng_state(rng: np.random.Generator) -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state, "python": random.getstate()}
+def rng_state() -> dict:
+    """Torch's and Python's generators; the iterations' own draws come from train.seed_iteration, so no
+    NumPy generator needs saving (checkpoints written before that hold one under "numpy": ignored)."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
 
 
-def set_rng_state(rng: np.random.Generator, state: dict) -> None:
+def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    rng.bit_generator.state = state["numpy"]
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
 

@@ -187,12 +187,11 @@ def print_iteration(row: dict, memory, cfg: Config) -> None:
               f"the policy is forgetting how to act (lower --lr, or add --kl-coef)", file=sys.stderr, flush=True)
 
 
-def seed_everything(seed: int) -> np.random.Generator:
+def seed_everything(seed: int) -> None:
     """Python, NumPy and torch seeded for the run; each iteration then reseeds its own draws (seed_iteration)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    return np.random.default_rng(seed)
 
 
 def seed_iteration(seed: int, it: int) -> np.random.Generator:
@@ -232,10 +231,10 @@ def validate(run: Path, cfg: Config, policy, pool, val_tasks, evals: dict, it: i
 def main(argv=None) -> int:
     cfg, run = open_run(parse_args(argv), given_flags(argv))
     keep_freed_memory()   # speed only (sampler.py): ~10 % off a decode step on Linux
-    rng = seed_everything(cfg.seed)
+    seed_everything(cfg.seed)
     train_tasks, val_tasks, eval_tasks = task_lists(cfg)
     pool, policy, embedder = build(cfg)
-    start, evals, ckpt, rows, memory, novelty = resume_state(run, cfg, policy, rng)
+    start, evals, ckpt, rows, memory, novelty = resume_state(run, cfg, policy)
     starting_point(run, cfg, policy, pool, eval_tasks, val_tasks, evals, start, ckpt.get("reference") if ckpt else None)
     reference = ckpt["reference"] if ckpt and "reference" in ckpt else policy.lora_state()  # KL reference: the warm start
     probe = ckpt.get("probe", []) if ckpt else []
@@ -281,7 +280,7 @@ def main(argv=None) -> int:
                         "time/update_s": t_update, "time/iteration_s": time.time() - t0,
                         "charts/tokens_per_s": row["charts/tokens_generated"] / max(t_rollout, 1e-9)})
             rows.append(row)
-            save_iteration(run, rows, log, trajs, policy, optimizer, memory, novelty, rng, cfg, reference, probe)
+            save_iteration(run, rows, log, trajs, policy, optimizer, memory, novelty, cfg, reference, probe)
             print_iteration(row, memory, cfg)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the last finished iteration is saved; continue with: "
