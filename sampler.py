@@ -17,6 +17,7 @@ beside it that the tests compare it with.
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -29,10 +30,15 @@ if TYPE_CHECKING:
 def with_cache(model, cache) -> dict:
     """The keyword argument that hands `cache` to model's forward pass: `cache` since transformers 5.24,
     `past_key_values` before (5.24-5.39 still accept the old name with a FutureWarning; 5.40 drops it)."""
-    import inspect
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    name = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
-    return {name: cache}
+    return {cache_keyword(type(base)): cache}
+
+
+@functools.cache
+def cache_keyword(model_class) -> str:
+    """with_cache's keyword for a model class, read off its forward's signature once (HFDecoder calls per step)."""
+    import inspect
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 class SharedPrefix:
